@@ -1,0 +1,42 @@
+"""dapq: KV-cache compression for Hugging Face causal LMs.
+
+DapQ (position-aware pseudo queries, Tian et al. 2026) next to FullKV, SnapKV, PyramidKV, H2O,
+StreamingLLM, LaCache and a random floor, as real one-shot eviction after prefill.
+
+>>> import dapq
+>>> model, tok = dapq.load_model()                       # embedded SmolLM2-135M-Instruct
+>>> method = dapq.build("dapq", budget=128)
+>>> out = dapq.generate(model, tok, ["..."], method, max_new_tokens=32)
+>>> out[0].text, out[0].kv_bytes_kept / out[0].kv_bytes_full
+"""
+
+from .cache import CompressedCache
+from .compress import PrefillResult, PromptBatch, compress, make_batch, prefill
+from .errors import ConfigError, DapqError, UnsupportedModelError
+from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate
+from .methods import Method, available, build
+from .models import SUPPORTED_MODEL_TYPES, load_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "CompressedCache",
+    "ConfigError",
+    "DapqError",
+    "GenerationResult",
+    "Method",
+    "PrefillResult",
+    "PromptBatch",
+    "SamplingConfig",
+    "UnsupportedModelError",
+    "available",
+    "build",
+    "compress",
+    "decode",
+    "encode_prompts",
+    "generate",
+    "load_model",
+    "make_batch",
+    "prefill",
+]

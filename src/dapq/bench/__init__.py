@@ -1,0 +1,1 @@
+"""Benchmarks: task generators, metrics and runners."""

@@ -1,0 +1,104 @@
+"""A physically pruned KV cache that still tells transformers the right positions.
+
+After eviction, layer ``l`` physically holds ``C_l`` prompt slots (gathered, in original order)
+plus the generated tokens. RoPE positions must stay the original ones: the next token is at
+position Lp, not C_l. transformers derives positions and masks from the cache length, so
+:class:`CompressedCache` reports the *logical* length (physical + evicted) from
+``get_seq_length`` and hands the number of evicted slots to the mask builder as ``kv_offset``.
+
+Why that offset gives the right padding mask: with left padding, row ``b`` of a batch of padded
+width P keeps ``min(C, Lp_b)`` real tokens, laid out after ``C - min(C, Lp_b)`` masked slots. The
+mask builder reads the user's *logical* 2-D mask at index ``kv_offset + j = P - C + j`` for
+physical slot ``j``; that entry is padding exactly when ``j < C - Lp_b``. So a plain
+``model.generate(..., attention_mask=<the original mask + ones>)`` masks exactly the padded
+slots. Layouts where this does not hold (per-layer budgets with padding, or ratio budgets in a
+batch) are flagged ``canonical = False``; :func:`dapq.generation.generate` then supplies
+per-layer masks itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+
+@dataclass
+class LayerLayout:
+    """Where the kept prompt tokens of one layer sit in its physical cache."""
+
+    kept_indices: Tensor | None
+    """(B, Hkv, C) padded-prompt column of each physical slot; None when nothing was evicted."""
+    pad_slots: Tensor
+    """(B,) leading physical slots of each row that are masked (padding)."""
+    width: int
+    """C, physical prompt slots of this layer."""
+
+
+class CompressedCache(DynamicCache):
+    """A :class:`~transformers.DynamicCache` whose prompt part was pruned by a dapq method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt_width = 0
+        self.prompt_lengths: Tensor | None = None
+        self.layouts: list[LayerLayout] = []
+        self.stats = CompressionStats()
+
+    # ---------------------------------------------------------------- transformers API
+    def _offset(self, layer_idx: int) -> int:
+        if layer_idx < len(self.layouts):
+            return self.prompt_width - self.layouts[layer_idx].width
+        return 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Logical length: positions already consumed, evicted tokens included."""
+        physical = super().get_seq_length(layer_idx)
+        return physical + self._offset(layer_idx) if physical else 0
+
+    def get_mask_sizes(self, cache_position: Tensor, layer_idx: int) -> tuple[int, int]:
+        kv_length, kv_offset = super().get_mask_sizes(cache_position, layer_idx)
+        return kv_length, kv_offset + self._offset(layer_idx)
+
+    # ---------------------------------------------------------------- dapq API
+    @property
+    def canonical(self) -> bool:
+        """True when the logical 2-D attention mask describes every layer (see module doc)."""
+        if not self.layouts:
+            return True
+        widths = {layout.width for layout in self.layouts}
+        if len(widths) != 1:
+            return False
+        width = widths.pop()
+        expected = (width - self.prompt_lengths).clamp(min=0)
+        return all(torch.equal(layout.pad_slots.cpu(), expected.cpu()) for layout in self.layouts)
+
+    def slot_mask(self, layer_idx: int, n_new: int = 0) -> Tensor:
+        """(B, C_l + n_new) bool: which physical slots of a layer may be attended to."""
+        layout = self.layouts[layer_idx]
+        slots = torch.arange(layout.width, device=layout.pad_slots.device)
+        prompt = slots[None, :] >= layout.pad_slots[:, None]
+        new = torch.ones(prompt.shape[0], n_new, dtype=torch.bool, device=prompt.device)
+        return torch.cat([prompt, new], dim=1)
+
+    def kept_per_layer(self) -> list[int]:
+        """Physical prompt slots per KV head, per layer."""
+        return [layout.width for layout in self.layouts]
+
+    def kv_bytes(self) -> int:
+        """Bytes held by keys and values of every layer right now."""
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized)
+
+
+@dataclass
+class CompressionStats:
+    """Figures a compression step reports (seconds and bytes)."""
+
+    prefill_s: float = 0.0
+    compress_s: float = 0.0
+    kv_bytes_full: int = 0
+    kv_bytes_kept: int = 0
+    budgets: list[list[int]] = field(default_factory=list)
+    """Budget of every (row, layer), before clamping to the prompt length."""

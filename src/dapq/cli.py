@@ -1,0 +1,171 @@
+"""The ``dapq`` command line.
+
+Every user error (a :class:`~dapq.errors.DapqError`, a bad option, a missing file) is printed as
+one line on stderr with exit code 2; tracebacks are kept for real bugs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from .errors import ConfigError, DapqError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="KV-cache compression for Hugging Face causal LMs: DapQ and its baselines.",
+)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def method_from_options(
+    name: str,
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    window: int | None = None,
+    content: str | None = None,
+):
+    """Build a method from CLI-style options, rejecting options the method does not take."""
+    from .methods import build, method_class
+
+    cls = method_class(name)
+    params: dict = {}
+    if budget is not None:
+        params["budget"] = budget
+    if ratio is not None:
+        params["ratio"] = ratio
+    if window is not None:
+        if window < 1:
+            raise ConfigError(f"window must be >= 1, got {window}")
+        if "window" not in cls.field_names():
+            raise ConfigError(f"method {name!r} has no window")
+        params["window"] = window
+    if content is not None:
+        if "content" not in cls.field_names():
+            raise ConfigError(f"method {name!r} takes no --content")
+        if content.startswith("text:"):
+            params.update(content="text", text=content[len("text:") :])
+        else:
+            params["content"] = content
+    if cls.name != "full" and budget is None and ratio is None:
+        raise ConfigError(f"method {name!r} needs --budget or --ratio")
+    return build(name, **params)
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise DapqError("give exactly one of --prompt and --prompt-file")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise DapqError(f"{prompt_file}: no such file")
+        prompt = prompt_file.read_text(encoding="utf-8")
+    if not prompt.strip():
+        raise DapqError("the prompt is empty")
+    return prompt
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(None, "--prompt", help="Prompt text."),
+    prompt_file: Path = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
+    model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
+    method: str = typer.Option("dapq", "--method", help="Compression method."),
+    budget: int = typer.Option(None, "--budget", help="Prompt tokens kept per KV head per layer."),
+    ratio: float = typer.Option(None, "--ratio", help="Fraction of the prompt kept, in (0, 1)."),
+    window: int = typer.Option(None, "--window", help="DapQ pseudo tokens N / SnapKV and H2O window."),
+    content: str = typer.Option(None, "--content", help="DapQ pseudo content (or text:YOUR TEXT)."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
+    answer_prefix: str = typer.Option(None, "--answer-prefix", help="Text after the generation prompt."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to generate."),
+    sample: bool = typer.Option(False, "--sample", help="Sample instead of greedy decoding."),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0, "--seed"),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
+    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, flash_attention_2."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures."),
+) -> None:
+    """Compress the prompt's KV cache with one method and generate."""
+    if ratio is not None and budget is not None:
+        raise ConfigError("give --budget or --ratio, not both")
+    chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content)
+    text = _read_prompt(prompt, prompt_file)
+    from .generation import SamplingConfig
+    from .generation import generate as run
+    from .models import load_model
+
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature, top_p=top_p, seed=seed,
+        stop=tuple(stop or ()),
+    )
+    _quiet_transformers()
+    lm, tokenizer = load_model(model, dtype=dtype, device=device, attn_implementation=attn)
+    result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
+    if as_json:
+        record = result.to_dict()
+        record["budget"] = chosen.budget if chosen.budget is not None else max(result.kept_tokens_per_head)
+        record["ratio"] = chosen.ratio
+        typer.echo(json.dumps(record))
+    else:
+        typer.echo(result.text)
+
+
+@app.command()
+def methods() -> None:
+    """List the registered compression methods."""
+    from .methods import available, method_class
+
+    for name in available():
+        cls = method_class(name)
+        typer.echo(f"{name:14s} {cls.paper}")
+
+
+@app.command()
+def demo(
+    model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
+    length: int = typer.Option(2000, "--length", help="Prompt length in tokens."),
+) -> None:
+    """Short NIAH comparison: FullKV, StreamingLLM, SnapKV and DapQ at budgets 64 and 128."""
+    from .demo import run_demo
+    from .models import load_model
+
+    _quiet_transformers()
+    lm, tokenizer = load_model(model)
+    run_demo(lm, tokenizer, length=length)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("dapq: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.TyperException as exc:  # usage errors: bad option, bad value, missing argument
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        print(f"dapq: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except DapqError as exc:
+        print(f"dapq: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""Prompt encoding and the decode loop over a compressed cache.
+
+Decoding resumes at the original positions: row ``b`` of the batch generates its t-th new token
+at RoPE position ``Lp_b + t`` whatever was evicted. The loop feeds transformers the *logical*
+attention mask (the prompt's padding mask plus ones) and lets :class:`~dapq.cache.CompressedCache`
+map it onto the physical slots; for the rare layouts where one 2-D mask cannot describe every
+layer (PyramidKV with a padded batch, ratio budgets in a batch) it installs per-layer masks
+through forward pre-hooks for the duration of the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .cache import CompressedCache
+from .compress import PrefillResult, make_batch, prefill
+from .errors import ConfigError, DapqError
+from .methods import build
+from .methods.base import Method
+from .models import attention_modules
+
+
+@dataclass
+class SamplingConfig:
+    """How new tokens are chosen and when generation stops.
+
+    Parameters
+    ----------
+    max_new_tokens : int
+        Upper bound on generated tokens per prompt.
+    do_sample : bool
+        Greedy when False.
+    temperature, top_k, top_p : float, int, float
+        Sampling filters (only with ``do_sample``).
+    seed : int
+        Seed of the sampler.
+    stop : tuple of str
+        Stop strings; the text is cut before the first one.
+    """
+
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be >= 1")
+        if self.temperature <= 0:
+            raise ConfigError("temperature must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p must lie in (0, 1]")
+        self.stop = tuple(self.stop)
+
+
+@dataclass
+class GenerationResult:
+    """One prompt's output and the figures of the batch it ran in."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    method: str
+    budget: int | None
+    kept_tokens_per_head: list[int]
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    prefill_s: float
+    compress_s: float
+    decode_s: float
+    decode_tokens_per_s: float
+    finish_reason: str
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def encode_prompts(
+    tokenizer, prompts: Sequence[str], *, chat: bool = False, answer_prefix: str | None = None
+) -> list[list[int]]:
+    """Token ids of each prompt; ``chat`` wraps it as one user turn with the chat template."""
+    rows = []
+    for prompt in prompts:
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise DapqError("--chat needs a tokenizer with a chat template")
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+            text += answer_prefix or ""
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(prompt + (answer_prefix or ""))["input_ids"]
+        if not ids:
+            raise DapqError("a prompt tokenizes to nothing")
+        rows.append(list(ids))
+    return rows
+
+
+def pad_token_id(tokenizer) -> int:
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update([source] if isinstance(source, int) else source)
+    return ids
+
+
+class _PerLayerMasks:
+    """Forward pre-hooks that hand each attention layer its own mask (non-canonical layouts)."""
+
+    def __init__(self, model, cache: CompressedCache):
+        self.model = model
+        self.cache = cache
+        self.impl = model.config._attn_implementation
+        self.n_new = 0
+        self._handles = []
+
+    def __enter__(self):
+        for attn in attention_modules(self.model):
+            self._handles.append(attn.register_forward_pre_hook(self._hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+
+    def _hook(self, module, args, kwargs):
+        mask = self.cache.slot_mask(module.layer_idx, self.n_new)
+        if self.impl.startswith("flash"):
+            kwargs["attention_mask"] = None if bool(mask.all()) else mask.long()
+        elif self.impl == "sdpa":
+            kwargs["attention_mask"] = mask[:, None, None, :]
+        else:
+            dtype = kwargs["hidden_states"].dtype
+            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            kwargs["attention_mask"] = additive.masked_fill(~mask, torch.finfo(dtype).min)[:, None, None, :]
+        return args, kwargs
+
+
+def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> Tensor:
+    if not cfg.do_sample:
+        return logits.argmax(dim=-1)
+    logits = logits / cfg.temperature
+    if cfg.top_k:
+        kth = logits.topk(min(cfg.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum - sorted_logits.softmax(dim=-1) > cfg.top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+
+
+class DecodeStepper:
+    """Runs single decode steps over a compressed cache at the original positions.
+
+    Step ``t`` feeds one token per row at position ``Lp_b + t`` and returns the next logits.
+    Used by :func:`decode`, and by analyses that teacher-force tokens. Use as a context manager:
+    for non-canonical layouts it installs per-layer masks for its lifetime.
+    """
+
+    def __init__(self, model, state: PrefillResult, max_steps: int):
+        self.model = model
+        self.cache = state.cache
+        self.batch = state.batch
+        bsz, width = self.batch.input_ids.shape[0], self.batch.width
+        prompt_mask = self.batch.attention_mask[:, :width]
+        ones = torch.ones(bsz, max_steps + 1, dtype=prompt_mask.dtype, device=prompt_mask.device)
+        self.mask = torch.cat([prompt_mask, ones], dim=1)
+        self.per_layer = None if self.cache.canonical else _PerLayerMasks(model, self.cache)
+
+    def __enter__(self):
+        if self.per_layer is not None:
+            self.per_layer.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.per_layer is not None:
+            self.per_layer.__exit__()
+
+    @torch.no_grad()
+    def __call__(self, token: Tensor, step: int) -> Tensor:
+        width = self.batch.width
+        if self.per_layer is not None:
+            self.per_layer.n_new = step + 1
+        out = self.model(
+            input_ids=token[:, None],
+            attention_mask=self.mask[:, : width + step + 1],
+            position_ids=(self.batch.prompt_lengths + step)[:, None],
+            cache_position=torch.tensor([width + step], device=token.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1].float()
+
+
+@torch.no_grad()
+def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple[list[list[int]], list[str], float]:
+    """Generate from a compressed cache. Returns token ids, finish reasons and decode seconds."""
+    bsz = state.batch.input_ids.shape[0]
+    device = model.device
+    eos = torch.tensor(sorted(eos_token_ids(model, tokenizer)) or [-1], device=device)
+    gen = torch.Generator().manual_seed(cfg.seed) if cfg.do_sample else None
+    out: list[list[int]] = [[] for _ in range(bsz)]
+    reasons = ["length"] * bsz
+    done = torch.zeros(bsz, dtype=torch.bool, device=device)
+    filler = pad_token_id(tokenizer)
+    logits = state.logits
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with DecodeStepper(model, state, cfg.max_new_tokens) as step_fn:
+        for step in range(cfg.max_new_tokens):
+            token = _choose(logits, cfg, gen)
+            token = torch.where(done, torch.full_like(token, filler), token)
+            for b in torch.nonzero(~done).flatten().tolist():
+                out[b].append(int(token[b]))
+            hit_eos = torch.isin(token, eos) & ~done
+            for b in torch.nonzero(hit_eos).flatten().tolist():
+                reasons[b] = "eos"
+            done |= hit_eos
+            if cfg.stop:
+                for b in torch.nonzero(~done).flatten().tolist():
+                    if any(s in tokenizer.decode(out[b], skip_special_tokens=True) for s in cfg.stop):
+                        reasons[b] = "stop"
+                        done[b] = True
+            if bool(done.all()) or step == cfg.max_new_tokens - 1:
+                break
+            logits = step_fn(token, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, reasons, time.perf_counter() - start
+
+
+def _text(tokenizer, ids: list[int], eos: set[int], stop: tuple[str, ...]) -> str:
+    text = tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True)
+    cuts = [text.index(s) for s in stop if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str] | str,
+    method: Method | str | None = None,
+    sampling: SamplingConfig | None = None,
+    *,
+    chat: bool = False,
+    answer_prefix: str | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    **sampling_kwargs,
+) -> list[GenerationResult]:
+    """Compress-then-generate for a batch of prompts.
+
+    Parameters
+    ----------
+    model, tokenizer
+        A supported Hugging Face causal LM and its tokenizer.
+    prompts : str or list of str
+        The prompts; they run as one left-padded batch.
+    method : Method or str, optional
+        A method object or name (default ``"full"``).
+    sampling : SamplingConfig, optional
+        Decoding settings; keyword arguments such as ``max_new_tokens=32`` build one.
+    chat, answer_prefix
+        Wrap each prompt in the chat template, then append ``answer_prefix``.
+    prompt_ids : list of list of int, optional
+        Pre-tokenised prompts (skips encoding; ``prompts`` is then ignored).
+    """
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if isinstance(method, str) or method is None:
+        method = build(method or "full")
+    sampling = sampling or SamplingConfig(**sampling_kwargs)
+    rows = [list(r) for r in prompt_ids] if prompt_ids is not None else encode_prompts(
+        tokenizer, prompts, chat=chat, answer_prefix=answer_prefix
+    )
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(r) for r in rows)
+    if limit is not None and longest + sampling.max_new_tokens > limit:
+        raise DapqError(
+            f"prompt of {longest} tokens + {sampling.max_new_tokens} new tokens exceeds the model's context of {limit}"
+        )
+    batch = make_batch(model, method, rows, pad_id=pad_token_id(tokenizer), tokenizer=tokenizer)
+    state = prefill(model, method, batch)
+    ids, reasons, decode_s = decode(model, tokenizer, state, sampling)
+    stats = state.stats
+    eos = eos_token_ids(model, tokenizer)
+    n_new = sum(len(r) for r in ids)
+    keys = state.cache.layers[0].keys
+    # Per-prompt figures: the bytes this prompt's own tokens take, padding slots excluded.
+    token_bytes = 2 * keys.shape[1] * keys.shape[3] * keys.element_size()
+    results = []
+    for b, row in enumerate(ids):
+        kept = [layout.width - int(layout.pad_slots[b]) for layout in state.cache.layouts]
+        results.append(
+            GenerationResult(
+                text=_text(tokenizer, row, eos, sampling.stop),
+                token_ids=row,
+                prompt_tokens=len(rows[b]),
+                method=method.name,
+                budget=method.budget,
+                kept_tokens_per_head=kept,
+                kv_bytes_full=token_bytes * len(rows[b]) * len(kept),
+                kv_bytes_kept=token_bytes * sum(kept),
+                prefill_s=stats.prefill_s,
+                compress_s=stats.compress_s,
+                decode_s=decode_s,
+                decode_tokens_per_s=n_new / decode_s if decode_s > 0 else 0.0,
+                finish_reason=reasons[b],
+                config=method.config(),
+            )
+        )
+    return results

@@ -1,0 +1,12 @@
+"""Compression methods, one module each, registered by name.
+
+>>> from dapq.methods import build
+>>> build("snapkv", budget=128).window
+8
+"""
+
+from . import dapq, full, h2o, lacache, pyramidkv, random_keep, snapkv, streamingllm  # noqa: F401  (registration)
+from .base import AttentionScoredMethod, LayerContext, Method
+from .registry import available, build, method_class, register
+
+__all__ = ["AttentionScoredMethod", "LayerContext", "Method", "available", "build", "method_class", "register"]

@@ -1,0 +1,171 @@
+"""DapQ: decoding-aligned KV cache compression with position-aware pseudo queries.
+
+Tian, Su, Li, Zhang, "Where Matters More Than What: Decoding-aligned KV Cache Compression via
+Position-aware Pseudo Queries", arXiv 2603.11564 (2026), Figure 1.
+
+The prompt (length Lp) is extended by N pseudo tokens whose position ids are Lp+o .. Lp+o+N-1,
+the positions the first N decoded tokens will have. One prefill runs over the extended sequence;
+at every layer the pseudo tokens' queries score the prompt keys, the top-K prompt tokens per KV
+head are kept and every pseudo token is evicted. Decoding resumes at position Lp with the first
+token taken from the logits at Lp-1: causality makes the prompt's K/V and that logit identical to
+a plain prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..errors import ConfigError
+from .base import AttentionScoredMethod
+from .registry import register
+
+CONTENTS = ("prefix_suffix", "random_sample", "random_span", "random_vocab", "fixed", "text", "tokens")
+DEFAULT_FIXED_TEXT = "Sorry, I don't know. "
+
+# Table 10 of the paper: first 8 + last 24 prompt tokens for Llama models, 2 + 30 for Qwen.
+_PREFIX_SHARE = {"qwen2": 2 / 32, "qwen3": 2 / 32}
+_DEFAULT_PREFIX_SHARE = 8 / 32
+
+
+@register
+@dataclass
+class DapQ(AttentionScoredMethod):
+    """DapQ with every open choice of the paper exposed as a parameter.
+
+    Parameters
+    ----------
+    window : int
+        N, the number of pseudo tokens (32 in the paper).
+    content : str
+        Pseudo-token content (paper Figure 4a / Table 10):
+        ``prefix_suffix`` (Fm_Ln: first m + last n prompt tokens), ``random_sample`` (RS_C: N
+        context tokens sampled at random, in order), ``random_span`` (RC_C: a random contiguous
+        span), ``random_vocab`` (N random vocabulary ids), ``fixed`` (Fix_C: a fixed text,
+        "Sorry, I don't know." repeated), ``text`` (the user's ``text``, repeated to N tokens) or
+        ``tokens`` (explicit ``token_ids``, used by the analyses).
+    prefix, suffix : int, optional
+        m and n of ``prefix_suffix``; by default 8 + 24 scaled to N (2 + 30 for Qwen models).
+    text : str, optional
+        Text for ``fixed`` and ``text`` content.
+    token_ids : tuple of int, optional
+        Ids for ``tokens`` content.
+    position_offset : int
+        The pseudo positions start at Lp + offset (paper Figure 4c; default 0).
+    inside_part : int, optional
+        1, 2 or 3: place the pseudo positions at the start of that third of [0, Lp) instead, the
+        paper's "inside the context" ablation.
+    keep_recent : int
+        Last prompt tokens always kept (0 in the paper's recipe).
+    normalize : {"prompt", "all"}
+        Softmax over the prompt keys only, or over prompt plus (causally visible) pseudo keys.
+    seed : int
+        Seed of the random content strategies.
+    """
+
+    name: ClassVar[str] = "dapq"
+    paper: ClassVar[str] = "DapQ (Tian et al., 2026)"
+    query_source: ClassVar[str] = "pseudo"
+
+    window: int = 32
+    content: str = "prefix_suffix"
+    prefix: int | None = None
+    suffix: int | None = None
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    position_offset: int = 0
+    inside_part: int | None = None
+    keep_recent: int = 0
+    normalize: str = "prompt"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1, got {self.window}")
+        if self.content not in CONTENTS:
+            raise ConfigError(f"unknown content {self.content!r}; choose from {', '.join(CONTENTS)}")
+        if (self.prefix is None) != (self.suffix is None):
+            raise ConfigError("give both prefix and suffix, or neither")
+        if self.prefix is not None and (self.prefix < 0 or self.suffix < 0 or self.prefix + self.suffix != self.window):
+            raise ConfigError(f"prefix + suffix must equal window ({self.window})")
+        if self.content == "text" and not self.text:
+            raise ConfigError("content 'text' needs a non-empty text")
+        if self.content == "tokens" and not self.token_ids:
+            raise ConfigError("content 'tokens' needs token_ids")
+        if self.token_ids is not None:
+            self.token_ids = tuple(int(t) for t in self.token_ids)
+        if self.inside_part not in (None, 1, 2, 3):
+            raise ConfigError(f"inside_part must be 1, 2 or 3, got {self.inside_part}")
+        if self.position_offset < 0:
+            raise ConfigError("position_offset must be >= 0 (use inside_part for positions inside the context)")
+        if self.keep_recent < 0:
+            raise ConfigError("keep_recent must be >= 0")
+        if self.normalize not in ("prompt", "all"):
+            raise ConfigError(f"normalize must be 'prompt' or 'all', got {self.normalize!r}")
+
+    # --------------------------------------------------------------- engine hooks
+    @property
+    def recent(self) -> int:
+        return self.keep_recent
+
+    def num_queries(self, prompt_width: int) -> int:
+        return self.window
+
+    def normalise_over_extra(self) -> bool:
+        return self.normalize == "all"
+
+    # --------------------------------------------------------------- pseudo context
+    def split(self, model_type: str) -> tuple[int, int]:
+        """(m, n) of the Fm_Ln content for this model family."""
+        if self.prefix is not None:
+            return self.prefix, self.suffix
+        m = round(self.window * _PREFIX_SHARE.get(model_type, _DEFAULT_PREFIX_SHARE))
+        return m, self.window - m
+
+    def pseudo_tokens(self, prompt_ids: list[int], *, vocab_size: int, model_type: str, tokenizer=None) -> list[int]:
+        """The N pseudo-token ids for one prompt. Deterministic for (seed, prompt)."""
+        n = self.window
+        gen = torch.Generator().manual_seed(self.seed)
+        length = len(prompt_ids)
+        if self.content == "prefix_suffix":
+            m, k = self.split(model_type)
+            return _fit(prompt_ids[:m] + (prompt_ids[length - k :] if k else []), n)
+        if self.content == "random_sample":
+            if length >= n:
+                idx = torch.randperm(length, generator=gen)[:n].sort().values
+            else:
+                idx = torch.randint(length, (n,), generator=gen).sort().values
+            return [prompt_ids[i] for i in idx.tolist()]
+        if self.content == "random_span":
+            start = int(torch.randint(max(length - n, 0) + 1, (1,), generator=gen))
+            return _fit(prompt_ids[start : start + n], n)
+        if self.content == "random_vocab":
+            return torch.randint(vocab_size, (n,), generator=gen).tolist()
+        if self.content == "tokens":
+            return _fit(list(self.token_ids), n)
+        if tokenizer is None:
+            raise ConfigError(f"content {self.content!r} needs a tokenizer")
+        text = self.text or DEFAULT_FIXED_TEXT
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ConfigError("the pseudo-context text tokenizes to nothing")
+        return _fit(ids, n)
+
+    def pseudo_positions(self, prompt_len: int) -> list[int]:
+        """Position ids of the pseudo tokens: Lp + offset .. (or inside the context)."""
+        if self.inside_part is not None:
+            start = (self.inside_part - 1) * prompt_len // 3
+        else:
+            start = prompt_len + self.position_offset
+        return list(range(start, start + self.window))
+
+
+def _fit(ids: list[int], n: int) -> list[int]:
+    """Repeat or truncate ``ids`` to exactly n tokens."""
+    if not ids:
+        raise ConfigError("empty pseudo context")
+    reps = -(-n // len(ids))
+    return (ids * reps)[:n]

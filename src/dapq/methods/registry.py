@@ -1,0 +1,42 @@
+"""Name -> method class registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make a :class:`~dapq.methods.base.Method` buildable by its ``name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> list[str]:
+    """Registered method names, in registration order."""
+    return list(_REGISTRY)
+
+
+def method_class(name: str) -> type:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown method {name!r}; choose from {', '.join(available())}") from None
+
+
+def build(name: str, **params: Any):
+    """Build a method by name: ``build("dapq", budget=128, window=32)``.
+
+    Unknown parameters are an error, so a typo never silently falls back to a default.
+    """
+    cls = method_class(name)
+    unknown = set(params) - cls.field_names()
+    if unknown:
+        raise ConfigError(
+            f"method {name!r} has no parameter(s) {', '.join(sorted(unknown))}; "
+            f"it takes {', '.join(sorted(cls.field_names()))}"
+        )
+    return cls(**params)

@@ -1,0 +1,44 @@
+"""SnapKV: the last prompt tokens as observation window (Li et al., 2024, arXiv 2404.14469)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..errors import ConfigError
+from .base import AttentionScoredMethod
+from .registry import register
+
+
+@register
+@dataclass
+class SnapKV(AttentionScoredMethod):
+    """SnapKV, following KVCache-Factory's reference settings.
+
+    The last ``window`` prompt queries attend (causally, softmax over all prompt keys) to the
+    prompt; their attention is summed (Eq. 1), pooled with a 1-D kernel (Eq. 2-3), averaged over
+    the GQA group, and the top ``budget - window`` keys are kept together with the window itself.
+
+    Parameters
+    ----------
+    window : int
+        Observation window W, always kept. KVCache-Factory's LongBench/RULER scripts use 8.
+    """
+
+    name: ClassVar[str] = "snapkv"
+    paper: ClassVar[str] = "SnapKV (Li et al., 2024)"
+    query_source: ClassVar[str] = "suffix"
+
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1, got {self.window}")
+
+    def num_queries(self, prompt_width: int) -> int:
+        return min(self.window, prompt_width)
+
+    @property
+    def recent(self) -> int:
+        return self.window

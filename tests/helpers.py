@@ -1,0 +1,74 @@
+"""Independent references the tests compare the library against."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from dapq.cache import CompressedCache
+from dapq.generation import DecodeStepper
+
+
+@torch.no_grad()
+def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, tokens: list[int]) -> torch.Tensor:
+    """Decode ``tokens`` over the *full* prompt cache, masking out every evicted key per head.
+
+    This never touches the compressed cache's tensors: it only reads which prompt columns each
+    (layer, KV head) kept, and builds an additive per-head mask for an eager full-cache decode.
+    """
+    assert model.config._attn_implementation == "eager"
+    lp = len(prompt)
+    full = DynamicCache()
+    model(input_ids=torch.tensor([prompt]), past_key_values=full, use_cache=True)
+    n_q, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    keep = []
+    for layout in cache.layouts:
+        k = torch.zeros(n_kv, lp, dtype=torch.bool)
+        if layout.kept_indices is None:
+            k[:] = True
+        else:
+            idx = layout.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots
+            k.scatter_(1, idx, True)
+        keep.append(k.repeat_interleave(n_q // n_kv, dim=0))  # (Hq, Lp)
+    step = {"t": 0}
+
+    def pre_hook(module, args, kwargs):
+        t = step["t"]
+        prompt_keep = keep[module.layer_idx]
+        allowed = torch.cat([prompt_keep, torch.ones(n_q, t + 1, dtype=torch.bool)], dim=1)
+        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        kwargs["attention_mask"] = mask[None, :, None, :]
+        return args, kwargs
+
+    handles = [layer.self_attn.register_forward_pre_hook(pre_hook, with_kwargs=True) for layer in model.model.layers]
+    out = []
+    try:
+        for t, tok in enumerate(tokens):
+            step["t"] = t
+            logits = model(
+                input_ids=torch.tensor([[tok]]),
+                position_ids=torch.tensor([[lp + t]]),
+                past_key_values=full,
+                use_cache=True,
+            ).logits[0, -1]
+            out.append(logits)
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def compressed_logits(model, state, tokens: list[int]) -> torch.Tensor:
+    """Teacher-forced decode of ``tokens`` over a single-prompt compressed cache."""
+    with DecodeStepper(model, state, len(tokens)) as step:
+        return torch.stack([step(torch.tensor([tok]), t)[0] for t, tok in enumerate(tokens)])
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Plain transformers greedy decoding, no dapq involved."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0, min_new_tokens=n)
+    return out[0, len(prompt):].tolist()

