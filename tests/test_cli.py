@@ -7,8 +7,9 @@ import json
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_model
 from dapq.cli import main
+
+from conftest import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +99,32 @@ def test_unsupported_architecture(capsys, gpt2_dir):
 def test_missing_model_dir(capsys):
     code, _, err = run(capsys, "generate", "--model", "./no/such/dir", "--budget", "8", "--prompt", "hi")
     assert code == 2 and "no such model directory" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["nope"], "unknown task set"),
+    (["niah", "--lengths", "100000"], "longer than the model's context"),
+    (["longbench", "--data", "/no/such/dir"], "no such data directory"),
+    (["niah", "--budgets", "64,abc"], "budgets must be integers"),
+    (["niah", "--methods", "full,bogus"], "unknown method"),
+])
+def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
+    code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_then_report(capsys, model_dir, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0,1", "--samples", "1",
+            "--methods", "full,dapq", "--budgets", "16", "--out", str(out)]
+    code, stdout, err = run(capsys, *args)
+    assert code == 0, err
+    assert "| full | all |" in stdout and "| dapq | 16 |" in stdout
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 4
+    code, stdout, _ = run(capsys, *args)  # a re-run finds every cell done
+    assert code == 0 and (out / "results.jsonl").read_text().splitlines() == lines
+    code, stdout, err = run(capsys, "report", str(out))
+    assert code == 0 and "## niah" in stdout and (out / "niah-budget.png").exists()
+    code, _, err = run(capsys, "report", str(tmp_path / "empty"))
+    assert code == 2 and "no results.jsonl" in err

@@ -7,10 +7,11 @@ import torch
 from transformers import DynamicCache
 
 import dapq
-from conftest import random_prompt, tiny_model
 from dapq.compress import compress, make_batch, prefill
 from dapq.generation import SamplingConfig, decode
 from dapq.methods import available, build
+
+from conftest import random_prompt, tiny_model
 from helpers import compressed_logits, hf_greedy, masked_reference_logits
 
 NEW = 8

@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import random_prompt, tiny_model
 from dapq.compress import make_batch, prefill
 from dapq.methods import build
+
+from conftest import random_prompt, tiny_model
 
 kvpress = pytest.importorskip("kvpress", reason="kvpress is a test dependency (pip install -e '.[test]')")
 

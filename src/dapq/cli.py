@@ -135,9 +135,68 @@ def methods() -> None:
 
 
 @app.command()
+def bench(
+    taskset: str = typer.Argument(..., help="niah, ruler, longbench, longbench-v2 or helmet."),
+    methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets parameters."),
+    budgets: str = typer.Option("64,128,256", "--budgets", help="Comma list of KV budgets."),
+    model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
+    lengths: str = typer.Option("", "--lengths", help="Prompt lengths in tokens (niah, ruler: default 4000; "
+                                "longbench, helmet: truncation length, default the model's context)."),
+    samples: int = typer.Option(2, "--samples", help="Samples per cell (niah: per length x depth)."),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(Path("runs/bench"), "--out", help="Output directory (results.jsonl, report)."),
+    depths: str = typer.Option("0,0.25,0.5,0.75,1", "--depths", help="NIAH needle depths."),
+    tasks: str = typer.Option("", "--tasks", help="Subset of the task set's tasks (comma list)."),
+    data: str = typer.Option(None, "--data", help="Local data directory (longbench, longbench-v2, helmet), or 'hub'."),
+    haystack: str = typer.Option("essays", "--haystack", help="essays, held_out or noise."),
+    dtype: str = typer.Option("float32", "--dtype"),
+    device: str = typer.Option(None, "--device"),
+) -> None:
+    """Run a resumable accuracy sweep; finished cells are kept in OUT/results.jsonl."""
+    from .bench.report import markdown, table
+    from .bench.runner import parse_budgets, parse_methods, run_sweep
+    from .bench.store import ResultsStore
+    from .bench.tasks import TaskArgs, build_samples
+
+    specs = parse_methods(methods)
+    budget_list = parse_budgets(budgets)
+    try:
+        length_list = tuple(int(x) for x in lengths.split(",") if x.strip())
+        depth_list = tuple(float(x) for x in depths.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("--lengths must be integers and --depths numbers") from None
+    if samples < 1:
+        raise ConfigError("--samples must be >= 1")
+    store = ResultsStore(out)  # a foreign or corrupt file fails here, before any work
+    _quiet_transformers()
+    from .models import load_model
+
+    lm, tokenizer = load_model(model, dtype=dtype, device=device)
+    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, depths=depth_list, data=data,
+                    tasks=tuple(t for t in tasks.split(",") if t), haystack=haystack,
+                    max_context=getattr(lm.config, "max_position_embeddings", None))
+    sample_list = build_samples(taskset, tokenizer, args)
+    run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m")
+    header, rows = table(list(store), sample_list[0].taskset)
+    typer.echo(markdown(header, rows))
+
+
+@app.command()
+def report(
+    out: Path = typer.Argument(..., help="A sweep directory with results.jsonl."),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+) -> None:
+    """Render tables (markdown) and plots (PNG) from a sweep's results file alone."""
+    from .bench.report import render
+
+    typer.echo(render(out, plots=not no_plots))
+
+
+@app.command()
 def demo(
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     length: int = typer.Option(2000, "--length", help="Prompt length in tokens."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Where the demo keeps its results."),
 ) -> None:
     """Short NIAH comparison: FullKV, StreamingLLM, SnapKV and DapQ at budgets 64 and 128."""
     from .demo import run_demo
@@ -145,7 +204,7 @@ def demo(
 
     _quiet_transformers()
     lm, tokenizer = load_model(model)
-    run_demo(lm, tokenizer, length=length)
+    run_demo(lm, tokenizer, length=length, out=out, model_id=model or "smollm2-135m")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ def test_length_depth_and_determinism(tokenizer, length, depth):
 
 
 def test_too_short_length_is_an_error(tokenizer):
-    with pytest.raises(DapqError, match="needle prompt"):
+    with pytest.raises(DapqError, match="needs more than"):
         make_needle_prompt(tokenizer, 50, 0.5)
 
 

@@ -1,9 +1,10 @@
-"""Needle-in-a-haystack prompts (RULER's single-needle form) built to a target token length.
+"""Needle in a haystack (RULER's single-needle form) on a grid of lengths x depths.
 
-The needle is RULER's "One of the special magic numbers for {key} is: {value}." hidden at a
-given depth of a haystack; the question asks for the value and the answer prefix is given, so a
-correct answer is the 7-digit number. Prompts are deterministic for a seed and are sized with
-the model's own tokenizer.
+The needle is RULER's "One of the special magic numbers for {key} is: {value}." (exact-number
+scoring), or a sentence needle scored by ROUGE-1 recall. It is hidden at a given depth of a
+haystack of real prose (``src/dapq/data``) or RULER's noise filler; the question asks for it and
+the answer prefix is given. Prompts are deterministic for a seed and sized with the model's own
+tokenizer, chat template included.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ import re
 from dataclasses import dataclass
 
 from ..errors import DapqError
+from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, taskset
+from .words import ADJECTIVES, NOUNS
 
 # RULER's "noise" haystack: repeated filler that carries no information.
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = " The special magic number for {key} mentioned in the provided text is"
-_WORDS = (
-    "amber bold brisk calm cedar clever coral crisp dusty eager fancy gentle hollow ivory jolly "
-    "lively mellow misty noble olive plucky quiet rapid rustic shiny silent sleepy smoky snowy "
-    "spicy sunny tidy vivid wild witty"
-).split()
-_NOUNS = "owl fox badger heron otter lynx raven sparrow walrus panda falcon beetle moose gecko".split()
+SENTENCE_NEEDLES = (
+    "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
+    "The secret ingredient of the village soup was a spoonful of smoked paprika added at the very end.",
+    "The old clock in the station tower was repaired by a retired sailor who refused any payment.",
+)
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,14 @@ class NeedleSample:
     depth: float
 
 
-def _sentences(haystack: str) -> list[str]:
-    return [s + " " for s in re.split(r"(?<=[.!?])\s+", haystack.strip()) if s]
+def sentences(text: str) -> list[str]:
+    """Split prose into sentences (each with a trailing space) for sizing and insertion."""
+    return [s + " " for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
 
 
 def make_needle_prompt(
-    tokenizer, length: int, depth: float, *, seed: int = 0, haystack: str = NOISE, chat: bool = True
+    tokenizer, length: int, depth: float, *, seed: int = 0, haystack: str = NOISE, chat: bool = True,
+    sentence_needle: bool = False,
 ) -> NeedleSample:
     """A NIAH prompt of about ``length`` tokens as the model sees it.
 
@@ -55,39 +59,35 @@ def make_needle_prompt(
     depth : float
         Needle position as a fraction of the haystack, 0 (start) to 1 (end).
     seed : int
-        Picks the key and the 7-digit value.
+        Picks the key and the 7-digit value (or the sentence needle).
+    haystack : str
+        The haystack text, cycled sentence by sentence.
+    sentence_needle : bool
+        Hide a sentence and ask for it, instead of a number.
     """
-    from ..generation import encode_prompts
-
     rng = random.Random(f"{seed}-{length}-{depth}")
-    key = f"{rng.choice(_WORDS)}-{rng.choice(_NOUNS)}"
-    value = str(rng.randint(1_000_000, 9_999_999))
-    needle = f"One of the special magic numbers for {key} is: {value}. "
-    question = "\n" + QUESTION.format(key=key)
-    prefix = ANSWER_PREFIX.format(key=key)
-    sentences = _sentences(haystack)
+    key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+    if sentence_needle:
+        value = rng.choice(SENTENCE_NEEDLES)
+        needle = value + " "
+        question = "\nWhat is the sentence about a special fact mentioned in the provided text? Repeat it exactly."
+        prefix = " The sentence is:"
+    else:
+        value = str(rng.randint(1_000_000, 9_999_999))
+        needle = f"One of the special magic numbers for {key} is: {value}. "
+        question = "\n" + QUESTION.format(key=key)
+        prefix = ANSWER_PREFIX.format(key=key)
+    units = sentences(haystack)
 
-    def build(n: int) -> str:
-        body = [sentences[i % len(sentences)] for i in range(n)]
+    def build(n: int) -> tuple[str, str]:
+        body = [units[i % len(units)] for i in range(n)]
         body.insert(round(depth * n), needle)
-        return "".join(body) + question
+        return "".join(body) + question, prefix
 
-    def size(n: int) -> int:
-        return len(encode_prompts(tokenizer, [build(n)], chat=chat, answer_prefix=prefix)[0])
-
-    # Largest sentence count that fits: tokenise the real prompt, since BPE merges across
-    # sentence boundaries make per-sentence counts drift.
-    if size(0) > length:
-        raise DapqError(f"a needle prompt needs more than {length} tokens")
-    lo, hi = 0, 1
-    while size(hi) <= length:
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if size(mid) <= length else (lo, mid)
+    n = fit_to_length(tokenizer, build, length, chat=chat)
     return NeedleSample(
         sample_id=f"niah-{length}-{depth:.2f}-s{seed}",
-        prompt=build(lo),
+        prompt=build(n)[0],
         answer_prefix=prefix,
         reference=value,
         length=length,
@@ -95,7 +95,38 @@ def make_needle_prompt(
     )
 
 
+@taskset("niah")
+def niah_samples(tokenizer, args: TaskArgs) -> list[Sample]:
+    """lengths x depths x samples needle prompts.
+
+    ``--tasks number`` (default) hides a 7-digit number (task ``niah``, exact match);
+    ``--tasks sentence`` hides a sentence (task ``niah_sentence``, ROUGE-1 recall).
+    """
+    text = haystack_text(args.haystack)
+    kinds = args.tasks or ("number",)
+    unknown = set(kinds) - {"number", "sentence"}
+    if unknown:
+        raise DapqError(f"niah has needle kinds 'number' and 'sentence', not {', '.join(sorted(unknown))}")
+    out = []
+    for kind in kinds:
+        task = "niah" if kind == "number" else "niah_sentence"
+        for length in args.lengths or (4000,):
+            for depth in args.depths:
+                for i in range(args.samples):
+                    s = make_needle_prompt(tokenizer, length, depth, seed=args.seed * 1000 + i, haystack=text,
+                                           sentence_needle=kind == "sentence")
+                    out.append(Sample(
+                        taskset="niah", task=task, sample_id=f"{task}-{s.sample_id}-{args.haystack}",
+                        prompt=s.prompt, references=(s.reference,),
+                        metric="exact_number" if kind == "number" else "rouge1_recall",
+                        answer_prefix=s.answer_prefix, max_new_tokens=16 if kind == "number" else 40,
+                        meta={"length": length, "depth": depth, "haystack": args.haystack},
+                    ))
+    return out
+
+
 def exact_number_match(prediction: str, reference: str) -> float:
     """1.0 when the first number in the prediction is the reference number."""
-    found = re.findall(r"\d+", prediction.replace(",", ""))
-    return float(bool(found) and found[0] == reference)
+    from .metrics import exact_number_match as metric
+
+    return metric(prediction, [reference])

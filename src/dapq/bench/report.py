@@ -1,0 +1,172 @@
+"""``dapq report``: paper-style tables and plots rendered from a results file alone.
+
+Works on a partial sweep: cells that have not run are shown as "-" and left out of averages.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .store import ResultsStore
+
+TASK_ORDER = {
+    "ruler": ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+              "niah_multikey_3", "niah_multiquery", "niah_multivalue", "cwe", "fwe", "vt"),
+}
+DISPLAY = {
+    "niah_single_1": "S-NIAH-1", "niah_single_2": "S-NIAH-2", "niah_single_3": "S-NIAH-3",
+    "niah_multikey_1": "MK-NIAH-1", "niah_multikey_2": "MK-NIAH-2", "niah_multikey_3": "MK-NIAH-3",
+    "niah_multiquery": "MQ-NIAH", "niah_multivalue": "MV-NIAH", "vt": "VT", "cwe": "CWE", "fwe": "FWE",
+    "niah": "NIAH", "niah_sentence": "NIAH-sentence",
+}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _row_key(r: dict) -> tuple[str, int | None]:
+    return r["label"], r.get("budget")
+
+
+def _sort_rows(keys):
+    # FullKV first, then by budget, then by label (the paper's layout).
+    return sorted(keys, key=lambda k: (k[0] != "full", k[1] or 0, k[0]))
+
+
+def expand(records: list[dict]) -> list[dict]:
+    """Records plus derived columns (LongBench-v2 splits count as extra tasks)."""
+    out = []
+    for r in records:
+        out.append(r)
+        for split in r.get("meta", {}).get("splits", ()):
+            out.append({**r, "task": f"{r['task']}:{split}"})
+    return out
+
+
+def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: method x budget by task, the average, % of FullKV, and KV kept."""
+    rs = [r for r in expand(records) if r["taskset"] == taskset]
+    present = {r["task"] for r in rs}
+    order = [t for t in TASK_ORDER.get(taskset, ()) if t in present]
+    order += sorted(present - set(order))
+    scores: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    kv: dict[tuple, list[float]] = defaultdict(list)
+    for r in rs:
+        scores[_row_key(r)][r["task"]].append(r["score"])
+        if ":" not in r["task"]:
+            kv[_row_key(r)].append(r["kv_bytes_kept"] / max(r["kv_bytes_full"], 1))
+    base_tasks = [t for t in order if ":" not in t]
+    averages = {k: _mean([_mean(v[t]) for t in base_tasks if v.get(t)]) for k, v in scores.items()}
+    full_avg = next((a for (label, _), a in averages.items() if label == "full"), None)
+    header = ["method", "budget"] + [DISPLAY.get(t, t) for t in order] + ["avg", "% of FullKV", "KV kept"]
+    rows = []
+    for key in _sort_rows(scores):
+        label, budget = key
+        cells = [f"{100 * m:.1f}" if (m := _mean(scores[key].get(t, []))) is not None else "-" for t in order]
+        avg = averages[key]
+        rel = f"{100 * avg / full_avg:.1f}" if avg is not None and full_avg else "-"
+        rows.append([label, str(budget or "all"), *cells, f"{100 * avg:.1f}" if avg is not None else "-", rel,
+                     f"{100 * _mean(kv[key]):.1f}%" if kv[key] else "-"])
+    return header, rows
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot_budget_curves(records: list[dict], taskset: str, path: Path) -> Path | None:
+    """Average score against budget, one line per method; FullKV as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in records if r["taskset"] == taskset]
+    if not rs:
+        return None
+    per: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    full = []
+    for r in rs:
+        if r["label"] == "full":
+            full.append(r["score"])
+        else:
+            per[r["label"]][r["budget"]].append(r["score"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, by_budget in sorted(per.items()):
+        xs = sorted(by_budget)
+        ax.plot(xs, [100 * _mean(by_budget[x]) for x in xs], marker="o", label=label)
+    if full:
+        ax.axhline(100 * _mean(full), color="black", linestyle="--", label="full")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("KV budget (tokens per head per layer)")
+    ax.set_ylabel("score (%)")
+    ax.set_title(f"{taskset}: score vs budget")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_niah_heatmaps(records: list[dict], out_dir: Path) -> list[Path]:
+    """Depth x length heatmap per (method, budget), like the paper's Figure 5."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in records if r["taskset"] == "niah"]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rs:
+        groups[_row_key(r)].append(r)
+    paths = []
+    for (label, budget), group in _sorted_groups(groups):
+        lengths = sorted({r["meta"]["length"] for r in group})
+        depths = sorted({r["meta"]["depth"] for r in group})
+        grid = [[_mean([r["score"] for r in group if r["meta"]["length"] == n and r["meta"]["depth"] == d])
+                 for n in lengths] for d in depths]
+        fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 3.2))
+        values = [[float("nan") if v is None else 100 * v for v in row] for row in grid]
+        im = ax.imshow(values, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
+        ax.set_xlabel("context length")
+        ax.set_ylabel("needle depth")
+        ax.set_title(f"{label} budget={budget or 'all'}", fontsize=9)
+        fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{label}-{budget or 'all'}")
+        path = out_dir / f"niah-heatmap-{safe}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _sorted_groups(groups):
+    return [(k, groups[k]) for k in _sort_rows(groups)]
+
+
+def render(out_dir: str | Path, *, plots: bool = True) -> str:
+    """Write ``report.md`` (+ PNGs) into the sweep directory and return the markdown."""
+    out = Path(out_dir)
+    records = list(ResultsStore.open_existing(out))
+    parts = [f"# dapq report: {out}", "", f"{len(records)} finished cells."]
+    for taskset in sorted({r["taskset"] for r in records}):
+        header, rows = table(records, taskset)
+        parts += ["", f"## {taskset}", "", markdown(header, rows)]
+        if plots:
+            p = plot_budget_curves(records, taskset, out / f"{taskset}-budget.png")
+            if p:
+                parts += ["", f"![{taskset} score vs budget]({p.name})"]
+            if taskset == "niah":
+                for h in plot_niah_heatmaps(records, out):
+                    parts.append(f"![{h.stem}]({h.name})")
+    text = "\n".join(parts) + "\n"
+    (out / "report.md").write_text(text, encoding="utf-8")
+    return text

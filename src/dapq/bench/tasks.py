@@ -1,0 +1,102 @@
+"""Benchmark samples, the task-set registry, and sizing prompts to a token length."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+
+from ..errors import DapqError
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One benchmark prompt with everything needed to run and score it."""
+
+    taskset: str
+    task: str
+    sample_id: str
+    prompt: str
+    references: tuple[str, ...]
+    metric: str
+    answer_prefix: str = ""
+    max_new_tokens: int = 32
+    chat: bool = True
+    meta: dict = field(default_factory=dict)
+    metric_args: dict = field(default_factory=dict)
+
+
+@dataclass
+class TaskArgs:
+    """What the user asked for; each task set reads the fields it needs."""
+
+    lengths: tuple[int, ...] = ()
+    """Target prompt lengths (niah, ruler: default 4000) or the truncation length (longbench)."""
+    samples: int = 2
+    seed: int = 0
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    data: str | None = None
+    tasks: tuple[str, ...] = ()
+    haystack: str = "essays"
+    max_context: int | None = None
+
+
+TASKSETS: dict[str, Callable[[object, TaskArgs], list[Sample]]] = {}
+
+
+def taskset(name: str):
+    """Register a task-set builder ``fn(tokenizer, args) -> list[Sample]``."""
+
+    def deco(fn):
+        TASKSETS[name] = fn
+        return fn
+
+    return deco
+
+
+def build_samples(name: str, tokenizer, args: TaskArgs) -> list[Sample]:
+    from . import helmet, longbench, niah, ruler  # noqa: F401  (registration)
+
+    if name not in TASKSETS:
+        raise DapqError(f"unknown task set {name!r}; choose from {', '.join(sorted(TASKSETS))}")
+    if args.max_context is not None:
+        for length in args.lengths:
+            if length > args.max_context:
+                raise DapqError(f"length {length} is longer than the model's context of {args.max_context}")
+    return TASKSETS[name](tokenizer, args)
+
+
+def haystack_text(name: str) -> str:
+    """A shipped haystack (``essays``, ``held_out``), or ``noise`` (RULER's repeated filler)."""
+    from .niah import NOISE
+
+    if name == "noise":
+        return NOISE
+    files = {"essays": "haystack_essays.txt", "held_out": "haystack_held_out.txt"}
+    if name not in files:
+        raise DapqError(f"unknown haystack {name!r}; choose from noise, {', '.join(files)}")
+    return resources.files("dapq.data").joinpath(files[name]).read_text(encoding="utf-8")
+
+
+def fit_to_length(tokenizer, build: Callable[[int], tuple[str, str]], length: int, *, chat: bool = True) -> int:
+    """Largest ``n`` such that the prompt ``build(n)`` encodes to at most ``length`` tokens.
+
+    ``build(n)`` returns ``(prompt, answer_prefix)`` with ``n`` units of filler (sentences,
+    list items, distractor needles). The real prompt is tokenised at every probe, chat template
+    included, because BPE merges across unit boundaries make per-unit counts drift.
+    """
+    from ..generation import encode_prompts
+
+    def size(n: int) -> int:
+        prompt, prefix = build(n)
+        return len(encode_prompts(tokenizer, [prompt], chat=chat, answer_prefix=prefix)[0])
+
+    if size(0) > length:
+        raise DapqError(f"a prompt of this task needs more than {length} tokens")
+    lo, hi = 0, 1
+    while size(hi) <= length:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if size(mid) <= length else (lo, mid)
+    return lo

@@ -1,0 +1,40 @@
+"""`dapq report` renders paper-style tables and plots from a (partial) results file."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dapq.bench.report import render, table
+from dapq.bench.store import ResultsStore
+
+FIX = Path(__file__).parent / "fixtures" / "sweep"
+
+
+def test_table_layout_and_averages():
+    records = list(ResultsStore(FIX))
+    header, rows = table(records, "niah")
+    assert header[:3] == ["method", "budget", "NIAH"] and header[-3:] == ["avg", "% of FullKV", "KV kept"]
+    by = {(r[0], r[1]): r for r in rows}
+    assert [r[0] for r in rows][0] == "full"  # FullKV first
+    assert by[("full", "all")][2] == "100.0" and by[("full", "all")][-1] == "100.0%"
+    assert by[("dapq", "64")][2] == "50.0" and by[("dapq", "64")][-2] == "50.0"  # 50% of FullKV
+    assert by[("dapq", "64")][-1] == "6.4%"
+    assert by[("snapkv", "64")][2] == "0.0"  # the partial row still renders
+
+    header, rows = table(records, "ruler")
+    assert header[2:4] == ["S-NIAH-1", "VT"]  # the paper's task order
+    by = {(r[0], r[1]): r for r in rows}
+    assert by[("full", "all")][4] == "75.0" and by[("dapq", "128")][4] == "50.0"
+    assert by[("dapq", "128")][5] == "66.7"
+
+
+def test_render_writes_markdown_and_plots(tmp_path):
+    shutil.copy(FIX / "results.jsonl", tmp_path / "results.jsonl")
+    text = render(tmp_path)
+    assert "## niah" in text and "## ruler" in text
+    assert (tmp_path / "report.md").read_text() == text
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert "niah-budget.png" in pngs and "ruler-budget.png" in pngs
+    assert "niah-heatmap-dapq-64.png" in pngs and "niah-heatmap-full-all.png" in pngs
+    assert all((tmp_path / p).stat().st_size > 1000 for p in pngs)

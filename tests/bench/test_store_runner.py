@@ -1,0 +1,96 @@
+"""The results store and the runner: resume after a kill, refuse foreign or corrupt files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import dapq.bench.runner as runner
+from dapq.bench.runner import parse_budgets, parse_methods, run_sweep
+from dapq.bench.store import ResultsStore
+from dapq.bench.tasks import TaskArgs, build_samples
+from dapq.errors import ConfigError, DapqError
+
+from conftest import tiny_model
+
+
+def test_store_round_trip_and_torn_last_line(tmp_path, capsys):
+    store = ResultsStore(tmp_path)
+    store.append({"key": "a", "score": 1.0})
+    store.append({"key": "b", "score": 0.0})
+    with open(store.path, "a") as fh:
+        fh.write('{"key": "c", "sco')  # killed in mid-write
+    again = ResultsStore(tmp_path)
+    assert [r["key"] for r in again] == ["a", "b"] and "c" not in again
+    assert "torn" in capsys.readouterr().err
+    again.append({"key": "c", "score": 0.5})
+    assert [json.loads(line)["key"] for line in store.path.read_text().splitlines()[1:]] == ["a", "b", "c"]
+
+
+def test_store_refuses_foreign_and_corrupt_files(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "results.jsonl").write_text('{"something": "else"}\n')
+    with pytest.raises(DapqError, match="not a dapq results file"):
+        ResultsStore(foreign)
+    assert (foreign / "results.jsonl").read_text() == '{"something": "else"}\n'  # untouched
+    corrupt = tmp_path / "corrupt"
+    store = ResultsStore(corrupt)
+    store.append({"key": "a"})
+    store.append({"key": "b"})
+    lines = store.path.read_text().splitlines()
+    store.path.write_text("\n".join([lines[0], "garbage{", lines[2]]) + "\n")
+    with pytest.raises(DapqError, match=":2: corrupt"):
+        ResultsStore(corrupt)
+
+
+def test_parse_methods_and_budgets():
+    specs = parse_methods("full,dapq(keep_recent=8,content='random_vocab'),snapkv")
+    assert [s.name for s in specs] == ["full", "dapq", "snapkv"]
+    assert specs[1].build(32).keep_recent == 8 and specs[1].build(32).content == "random_vocab"
+    assert parse_budgets("64, 128") == [64, 128]
+    for bad in ("64,x", "0", ""):
+        with pytest.raises(ConfigError):
+            parse_budgets(bad)
+    for bad in ("bogus", "dapq(windw=3)", "dapq(window)"):
+        with pytest.raises(ConfigError):
+            parse_methods(bad)
+
+
+def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch):
+    model = tiny_model("llama", max_position_embeddings=1024)
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 1.0)))
+    methods, budgets = parse_methods("full,dapq,snapkv"), [16, 32]
+    n_cells = len(samples) * (1 + 2 * len(budgets))
+    calls = {"n": 0}
+    real = runner.generate
+
+    def dying_generate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C during the 4th cell
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "generate", dying_generate)
+    store = ResultsStore(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False)
+    assert len(ResultsStore(tmp_path)) == 3  # the three finished cells are on disk
+    monkeypatch.setattr(runner, "generate", real)
+    store = ResultsStore(tmp_path)
+    ran = run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False)
+    assert ran == n_cells - 3 and len(store) == n_cells
+    assert run_sweep(model, tokenizer, samples, methods, budgets, ResultsStore(tmp_path), model_id="tiny",
+                     show_progress=False) == 0
+    record = next(iter(store))
+    for key in ("model", "config", "task", "sample_id", "prediction", "references", "score", "prefill_s",
+                "compress_s", "kv_bytes_full", "kv_bytes_kept"):
+        assert key in record
+
+
+def test_unknown_taskset_and_too_long(tokenizer):
+    with pytest.raises(DapqError, match="unknown task set"):
+        build_samples("nope", tokenizer, TaskArgs())
+    with pytest.raises(DapqError, match="longer than the model"):
+        build_samples("niah", tokenizer, TaskArgs(lengths=(9000,), max_context=512))
