@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 torch.set_num_threads(2)
 
@@ -53,7 +60,10 @@ def tiny_config(kind: str = "llama", **overrides):
         eos_token_id=1,
     )
     common.update(overrides)
-    return Qwen3Config(**common) if kind == "qwen3" else LlamaConfig(**common)
+    configs = {"llama": LlamaConfig, "qwen3": Qwen3Config, "qwen2": Qwen2Config, "mistral": MistralConfig}
+    if kind in ("qwen2", "mistral"):
+        common.pop("head_dim")  # derived from hidden_size / heads = 16
+    return configs[kind](**common)
 
 
 def tiny_model(kind: str = "llama", attn: str = "sdpa", seed: int = 0, **overrides):

@@ -217,13 +217,27 @@ def test_streamingllm_keeps_sinks_and_recent(llama):
         assert layout.kept_indices[0, 0].tolist() == [0, 1, 2, 3, 44, 45, 46, 47, 48, 49]
 
 
-def test_bf16_runs_with_fp32_scores():
-    model = tiny_model("llama").to(torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_with_fp32_scores(dtype):
+    model = tiny_model("llama").to(dtype)
     model.generation_config.eos_token_id = None
     ids, state = _run(model, [random_prompt(40, seed=9)], build("dapq", budget=8), n=4)
     assert len(ids[0]) == 4
-    assert state.cache.layers[0].keys.dtype == torch.bfloat16
+    assert state.cache.layers[0].keys.dtype == dtype and state.logits.dtype == torch.float32
     assert state.stats.kv_bytes_kept == 2 * 8 * 2 * 16 * 2 * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_mistral_and_qwen2(kind):
+    """The other two supported families: exact no-op and masked-reference equivalence."""
+    model = tiny_model(kind, attn="eager")
+    model.generation_config.eos_token_id = None
+    prompt = random_prompt(50, seed=11)
+    assert _run(model, [prompt], build("dapq", budget=50))[0][0] == hf_greedy(model, prompt, NEW)
+    state = prefill(model, build("snapkv", budget=12), make_batch(model, build("snapkv", budget=12), [prompt], pad_id=0))
+    tokens = [int(state.logits[0].argmax())] + random_prompt(3, seed=12)
+    torch.testing.assert_close(compressed_logits(model, state, tokens),
+                               masked_reference_logits(model, prompt, state.cache, tokens), atol=2e-5, rtol=1e-4)
 
 
 def test_public_generate_api(llama, tokenizer):
