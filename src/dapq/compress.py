@@ -76,7 +76,8 @@ def make_batch(
         row, mask, pos = [pad_id] * pad + list(ids), [0] * pad + [1] * len(ids), [0] * pad + list(range(len(ids)))
         if extra:
             row += method.pseudo_tokens(
-                list(ids), vocab_size=model.config.vocab_size, model_type=model.config.model_type, tokenizer=tokenizer
+                list(ids), vocab_size=model.config.vocab_size, model_type=model.config.model_type,
+                tokenizer=tokenizer, model=model,
             )
             mask += [1] * extra
             pos += method.pseudo_positions(len(ids))

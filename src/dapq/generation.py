@@ -301,8 +301,11 @@ def generate(
         raise DapqError(
             f"prompt of {longest} tokens + {sampling.max_new_tokens} new tokens exceeds the model's context of {limit}"
         )
+    start = time.perf_counter()
     batch = make_batch(model, method, rows, pad_id=pad_token_id(tokenizer), tokenizer=tokenizer)
+    batch_s = time.perf_counter() - start  # the oracle's first decoding pass happens here
     state = prefill(model, method, batch)
+    state.stats.prefill_s += batch_s
     ids, reasons, decode_s = decode(model, tokenizer, state, sampling)
     stats = state.stats
     eos = eos_token_ids(model, tokenizer)

@@ -37,20 +37,36 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def project_queries(attn: torch.nn.Module, hidden_states: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Recompute post-RoPE queries (B, Hq, Q, d) for ``hidden_states`` (B, Q, hidden).
-
-    The attention module does not return its queries, so they are recomputed for the few
-    observation tokens only: ``q_proj``, then ``q_norm`` where the architecture has one (Qwen3),
-    then RoPE with the tables of this forward pass.
-    """
+def prerope_queries(attn: torch.nn.Module, hidden_states: Tensor) -> Tensor:
+    """Queries (B, Hq, Q, d) before RoPE: ``q_proj``, then ``q_norm`` where the model has one (Qwen3)."""
     bsz, q_len, _ = hidden_states.shape
     q = attn.q_proj(hidden_states).view(bsz, q_len, -1, attn.head_dim)
     q_norm = getattr(attn, "q_norm", None)
     if q_norm is not None:
         q = q_norm(q)
-    q = q.transpose(1, 2)
-    return apply_rope(q, cos, sin)
+    return q.transpose(1, 2)
+
+
+def project_queries(attn: torch.nn.Module, hidden_states: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Recompute post-RoPE queries (B, Hq, Q, d) for ``hidden_states`` (B, Q, hidden).
+
+    The attention module does not return its queries, so they are recomputed for the few
+    observation tokens only, then rotated with the RoPE tables of this forward pass.
+    """
+    return apply_rope(prerope_queries(attn, hidden_states), cos, sin)
+
+
+def attention_probs(queries: Tensor, keys: Tensor, scaling: float) -> Tensor:
+    """Per-query softmax attention (B, Hq, Q, S) in fp32 over all ``keys``, for a few queries.
+
+    Used by the analyses to compare distributions query by query; for scoring many queries use
+    :func:`attention_scores`, which never holds more than one block.
+    """
+    bsz, n_q_heads, n_queries, head_dim = queries.shape
+    n_kv_heads = keys.shape[1]
+    q = queries.float().view(bsz, n_kv_heads, n_q_heads // n_kv_heads, n_queries, head_dim)
+    logits = torch.matmul(q, keys.float().unsqueeze(2).transpose(-1, -2)) * scaling
+    return torch.softmax(logits, dim=-1).reshape(bsz, n_q_heads, n_queries, -1)
 
 
 def attention_scores(
@@ -107,28 +123,33 @@ def attention_scores(
     # last kept slots would be rounded away.
     k32 = keys.float().unsqueeze(2)  # (B, Hkv, 1, S, d): GQA without materialising repeat_kv
     key_cols = torch.arange(n_keys, device=keys.device)
-    visible_base = key_valid[:, None, None, None, :]
-    acc = None
-    count = None
+    query_cols = query_cols.to(keys.device)
+    acc = torch.zeros(bsz, n_kv_heads, group, n_scored, device=keys.device)
     for start in range(0, n_queries, block_size):
         stop = min(start + block_size, n_queries)
+        cols = query_cols[start:stop]
+        # Keys after the block's last query are invisible to all of it: skip them, which halves
+        # the work of H2O's causal column sums.
+        horizon = min(n_keys, int(cols.max()) + 1)
         q = queries[:, :, start:stop].float().view(bsz, n_kv_heads, group, stop - start, head_dim)
-        logits = torch.matmul(q, k32.transpose(-1, -2)) * scaling  # (B, Hkv, G, b, S)
-        causal = key_cols[None, :] <= query_cols[start:stop, None].to(keys.device)  # (b, S)
-        visible = visible_base & causal[None, None, None]
-        logits = logits.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)[..., :n_scored]
+        logits = torch.matmul(q, k32[..., :horizon, :].transpose(-1, -2)).mul_(scaling)  # (B, Hkv, G, b, h)
+        visible = key_valid[:, None, None, None, :horizon] & (key_cols[None, :horizon] <= cols[:, None])
+        probs = torch.softmax(logits.masked_fill_(~visible, float("-inf")), dim=-1)
         # A query with no visible key (a padding query in H2O) gives NaN rows: zero them.
-        probs = torch.nan_to_num(probs, nan=0.0)
+        probs = probs.nan_to_num_(nan=0.0)[..., : min(n_scored, horizon)]
+        width = probs.shape[-1]
         if query_valid is not None:
-            qv = query_valid[:, start:stop].to(probs.dtype)[:, None, None, :, None]
-            probs = probs * qv
-        if query_reduce == "max":
-            block = probs.amax(dim=3)
-            acc = block if acc is None else torch.maximum(acc, block)
+            qv = query_valid[:, start:stop].to(probs.dtype)
+            if query_reduce == "max":
+                block = (probs * qv[:, None, None, :, None]).amax(dim=3)
+            else:
+                block = torch.einsum("bhgqs,bq->bhgs", probs, qv)  # weighted sum without a copy
         else:
-            block = probs.sum(dim=3)
-            acc = block if acc is None else acc + block
+            block = probs.amax(dim=3) if query_reduce == "max" else probs.sum(dim=3)
+        if query_reduce == "max":
+            torch.maximum(acc[..., :width], block, out=acc[..., :width])
+        else:
+            acc[..., :width] += block
     scores = acc.reshape(bsz, n_q_heads, n_scored)
     if query_reduce == "mean":
         if query_valid is None:

@@ -5,7 +5,7 @@
 8
 """
 
-from . import dapq, full, h2o, lacache, pyramidkv, random_keep, snapkv, streamingllm  # noqa: F401  (registration)
+from . import dapq, full, h2o, lacache, oracle, pyramidkv, random_keep, snapkv, streamingllm  # noqa: F401
 from .base import AttentionScoredMethod, LayerContext, Method
 from .registry import available, build, method_class, register
 

@@ -125,7 +125,9 @@ class DapQ(AttentionScoredMethod):
         m = round(self.window * _PREFIX_SHARE.get(model_type, _DEFAULT_PREFIX_SHARE))
         return m, self.window - m
 
-    def pseudo_tokens(self, prompt_ids: list[int], *, vocab_size: int, model_type: str, tokenizer=None) -> list[int]:
+    def pseudo_tokens(
+        self, prompt_ids: list[int], *, vocab_size: int, model_type: str, tokenizer=None, model=None
+    ) -> list[int]:
         """The N pseudo-token ids for one prompt. Deterministic for (seed, prompt)."""
         n = self.window
         gen = torch.Generator().manual_seed(self.seed)

@@ -1,0 +1,100 @@
+"""Ground truth for the analyses: the real decoding queries of FullKV and their attention.
+
+:func:`trace_decode` decodes T greedy tokens with the full cache and records, at every layer,
+the queries of the fed tokens (before and after RoPE) and each query's softmax attention over the
+prompt keys (normalised, as in the real decode, over prompt plus already generated keys).
+:func:`capture_pseudo_queries` records the pseudo queries a DapQ prefill computes. Both use the
+scoring toolkit's own query projection, so the analyses measure exactly what the methods use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from ..compress import make_batch
+from ..models import attention_modules
+from ..scoring import apply_rope, attention_probs, prerope_queries
+
+
+@dataclass
+class DecodeTrace:
+    """T FullKV greedy decoding steps of one prompt."""
+
+    prompt_len: int
+    tokens: list[int]
+    """The T tokens fed at positions Lp .. Lp+T-1 (the greedy continuation)."""
+    queries_pre: Tensor
+    """(L, Hq, T, d) queries before RoPE."""
+    queries_post: Tensor
+    """(L, Hq, T, d) queries after RoPE."""
+    attention: Tensor
+    """(L, Hq, T, Lp) softmax attention of each decode query over the prompt keys."""
+
+
+class _QueryRecorder:
+    """Forward hooks that keep the (pre-RoPE, post-RoPE) queries of the last ``n`` columns."""
+
+    def __init__(self, model, n: int, with_attention: bool = False, prompt_len: int = 0):
+        self.model, self.n, self.with_attention, self.prompt_len = model, n, with_attention, prompt_len
+        self.pre: dict[int, list[Tensor]] = {}
+        self.post: dict[int, list[Tensor]] = {}
+        self.attn: dict[int, list[Tensor]] = {}
+        self._handles = []
+
+    def __enter__(self):
+        for attn in attention_modules(self.model):
+            self._handles.append(attn.register_forward_hook(self._hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+
+    def _hook(self, module, args, kwargs, output):
+        hs = kwargs["hidden_states"][:, -self.n :]
+        cos, sin = kwargs["position_embeddings"]
+        pre = prerope_queries(module, hs)
+        post = apply_rope(pre, cos[:, -self.n :], sin[:, -self.n :])
+        i = module.layer_idx
+        self.pre.setdefault(i, []).append(pre[0].float())
+        self.post.setdefault(i, []).append(post[0].float())
+        if self.with_attention:
+            keys = kwargs["past_key_values"].layers[i].keys
+            probs = attention_probs(post, keys, module.scaling)[0]
+            self.attn.setdefault(i, []).append(probs[..., : self.prompt_len])
+
+    def stacked(self, store: dict[int, list[Tensor]]) -> Tensor:
+        return torch.stack([torch.cat(store[i], dim=1) for i in sorted(store)])
+
+
+@torch.no_grad()
+def trace_decode(model, prompt_ids: list[int], steps: int) -> DecodeTrace:
+    """Greedy-decode ``steps`` tokens with FullKV and record the real decoding queries."""
+    lp = len(prompt_ids)
+    cache = DynamicCache()
+    out = model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    token = int(out.logits[0, -1].argmax())
+    tokens = []
+    with _QueryRecorder(model, 1, with_attention=True, prompt_len=lp) as rec:
+        for t in range(steps):
+            tokens.append(token)
+            out = model(input_ids=torch.tensor([[token]], device=model.device),
+                        position_ids=torch.tensor([[lp + t]], device=model.device),
+                        past_key_values=cache, use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+    return DecodeTrace(lp, tokens, rec.stacked(rec.pre), rec.stacked(rec.post), rec.stacked(rec.attn))
+
+
+@torch.no_grad()
+def capture_pseudo_queries(model, prompt_ids: list[int], method, tokenizer=None) -> tuple[Tensor, Tensor]:
+    """The (pre-RoPE, post-RoPE) pseudo queries (L, Hq, N, d) of a DapQ-style prefill."""
+    batch = make_batch(model, method, [prompt_ids], pad_id=0, tokenizer=tokenizer)
+    with _QueryRecorder(model, batch.extra) as rec:
+        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+              use_cache=True, past_key_values=DynamicCache(), logits_to_keep=1)
+    return rec.stacked(rec.pre), rec.stacked(rec.post)
