@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from .cache import CompressedCache, CompressionStats, LayerLayout
 from .errors import ConfigError, DapqError
 from .methods.base import LayerContext, Method
-from .models import attention_modules, check_supported
+from .models import AttentionHooks, attention_modules, check_supported
 from .scoring import project_queries
 
 
@@ -129,32 +129,20 @@ def select_slots(method: Method, ctx: LayerContext, kept: Tensor, n_slots: int) 
     return top.gather(-1, order), n_slots - kept
 
 
-class _EvictionHooks:
+class _EvictionHooks(AttentionHooks):
     """Forward hooks that score and prune each layer's cache during one forward pass."""
 
     def __init__(self, model, method: Method, batch: PromptBatch, budgets: Tensor):
-        self.model = model
+        super().__init__(model)
         self.method = method
         self.batch = batch
         self.kept = torch.minimum(budgets, batch.prompt_lengths[:, None])  # (B, L)
         self.slots = self.kept.max(dim=0).values.tolist()
-        valid = batch.attention_mask.bool()
-        self.valid = valid
-        self.positions = torch.where(valid[:, : batch.width], batch.position_ids[:, : batch.width], -1)
+        self.valid = batch.attention_mask.bool()
+        self.positions = torch.where(self.valid[:, : batch.width], batch.position_ids[:, : batch.width], -1)
         self.layouts: dict[int, LayerLayout] = {}
         self.compress_s = 0.0
-        self._handles = []
         self._sync = model.device.type == "cuda"
-
-    def __enter__(self):
-        for attn in attention_modules(self.model):
-            self._handles.append(attn.register_forward_hook(self._hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
     def _hook(self, module, args, kwargs, output):
         if self._sync:
@@ -173,7 +161,6 @@ class _EvictionHooks:
         width = self.batch.width
         kept = self.kept[:, layer_idx]
         n_slots = self.slots[layer_idx]
-        pad_slots = n_slots - kept
         if not self.method.evicts or bool((kept == self.batch.prompt_lengths).all()):
             # Nothing to evict in this layer: only drop the extra (pseudo) tokens.
             layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
@@ -228,6 +215,47 @@ def _finish(cache: CompressedCache, hooks: _EvictionHooks, batch: PromptBatch, b
     cache.stats.budgets = budgets.tolist()
 
 
+def _sync(model) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, first: int) -> PrefillResult:
+    """Forward columns ``[first:]`` of ``batch`` over ``cache`` (which holds ``[:first]``), evicting.
+
+    With ``first = 0`` this is the prefill; :func:`compress` replays only the columns its method
+    needs. Logits are kept for the last prompt column (Lp-1) when it is part of the call.
+    """
+    budgets = _budgets(model, method, batch)
+    hooks = _EvictionHooks(model, method, batch, budgets)
+    n_cols = batch.input_ids.shape[1]
+    last_prompt = batch.width - 1 - first  # index of column Lp-1 within this call
+    logits = None
+    _sync(model)
+    start = time.perf_counter()
+    if first == n_cols:
+        for attn in attention_modules(model):  # nothing to run: score from the cache alone
+            hooks.apply(attn, cache)
+    else:
+        with hooks:
+            out = model(
+                input_ids=batch.input_ids[:, first:],
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids[:, first:],
+                cache_position=torch.arange(first, n_cols, device=model.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor([max(last_prompt, 0)], device=model.device),
+            )
+        if last_prompt >= 0:
+            logits = out.logits[:, -1].float()
+    _sync(model)
+    total = time.perf_counter() - start
+    _finish(cache, hooks, batch, budgets, _esize(model))
+    cache.stats.prefill_s = total - hooks.compress_s
+    return PrefillResult(cache=cache, logits=logits, batch=batch)
+
+
 @torch.no_grad()
 def prefill(model, method: Method, batch: PromptBatch) -> PrefillResult:
     """Prefill ``batch`` once, evicting layer by layer; return the cache and first-token logits.
@@ -236,29 +264,7 @@ def prefill(model, method: Method, batch: PromptBatch) -> PrefillResult:
     *prompt* column (position Lp-1), which causality makes identical to a plain prefill.
     """
     check_supported(model)
-    budgets = _budgets(model, method, batch)
-    cache = CompressedCache()
-    hooks = _EvictionHooks(model, method, batch, budgets)
-    n_cols = batch.input_ids.shape[1]
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with hooks:
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            cache_position=torch.arange(n_cols, device=model.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=torch.tensor([batch.width - 1], device=model.device),
-        )
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    total = time.perf_counter() - start
-    _finish(cache, hooks, batch, budgets, _esize(model))
-    cache.stats.prefill_s = total - hooks.compress_s
-    return PrefillResult(cache=cache, logits=out.logits[:, -1].float(), batch=batch)
+    return _run(model, method, batch, CompressedCache(), first=0)
 
 
 @torch.no_grad()
@@ -296,38 +302,17 @@ def compress(
     prompts = [row[m].tolist() for row, m in zip(input_ids, mask, strict=True)]
     pad_id = int(input_ids[~mask][0]) if bool((~mask).any()) else 0
     batch = make_batch(model, method, prompts, pad_id=pad_id, tokenizer=tokenizer)
-    budgets = _budgets(model, method, batch)
     out_cache = CompressedCache()
     out_cache.layers = list(cache.layers)
-    hooks = _EvictionHooks(model, method, batch, budgets)
-    n_replay = {"none": 0, "suffix": method.num_queries(width), "all": width, "pseudo": 0}[method.query_source]
-    logits = None
-    start = time.perf_counter()
     if method.query_source == "none" or not method.evicts:
-        for attn in attention_modules(model):
-            hooks.apply(attn, out_cache)
+        first = batch.input_ids.shape[1]  # nothing to replay: score from the cache alone
+    elif method.query_source == "pseudo":
+        first = width  # run only the pseudo tokens, on top of the full prompt cache
     else:
-        first = width - n_replay
-        if n_replay:
-            for layer in out_cache.layers:
-                layer.crop(first)
-        end = batch.input_ids.shape[1]
-        with hooks:
-            out = model(
-                input_ids=batch.input_ids[:, first:],
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids[:, first:],
-                cache_position=torch.arange(first, end, device=model.device),
-                past_key_values=out_cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        if n_replay:
-            logits = out.logits[:, -1].float()
-    total = time.perf_counter() - start
-    _finish(out_cache, hooks, batch, budgets, _esize(model))
-    out_cache.stats.prefill_s = total - hooks.compress_s
-    return PrefillResult(cache=out_cache, logits=logits, batch=batch)
+        first = width - (width if method.query_source == "all" else method.num_queries(width))
+        for layer in out_cache.layers:
+            layer.crop(first)  # re-run the observation tokens to recompute their queries
+    return _run(model, method, batch, out_cache, first)
 
 
 def _esize(model) -> int:

@@ -22,7 +22,7 @@ from .compress import PrefillResult, make_batch, prefill
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
-from .models import attention_modules
+from .models import AttentionHooks
 
 
 @dataclass
@@ -122,24 +122,16 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-class _PerLayerMasks:
+class _PerLayerMasks(AttentionHooks):
     """Forward pre-hooks that hand each attention layer its own mask (non-canonical layouts)."""
 
+    pre = True
+
     def __init__(self, model, cache: CompressedCache):
-        self.model = model
+        super().__init__(model)
         self.cache = cache
         self.impl = model.config._attn_implementation
         self.n_new = 0
-        self._handles = []
-
-    def __enter__(self):
-        for attn in attention_modules(self.model):
-            self._handles.append(attn.register_forward_pre_hook(self._hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc):
-        for handle in self._handles:
-            handle.remove()
 
     def _hook(self, module, args, kwargs):
         mask = self.cache.slot_mask(module.layer_idx, self.n_new)

@@ -49,6 +49,35 @@ def attention_modules(model) -> list[torch.nn.Module]:
     return [layer.self_attn for layer in model.model.layers]
 
 
+class AttentionHooks:
+    """Context manager that hooks ``_hook`` onto every attention module, and always unhooks.
+
+    Subclasses set ``pre = True`` for a forward pre-hook ``(module, args, kwargs)`` that may
+    return new ``(args, kwargs)``, else get a forward hook ``(module, args, kwargs, output)``.
+    Nothing is patched: the hooks exist only inside the ``with`` block.
+    """
+
+    pre = False
+
+    def __init__(self, model):
+        self.model = model
+        self._handles: list = []
+
+    def __enter__(self):
+        for attn in attention_modules(self.model):
+            register = attn.register_forward_pre_hook if self.pre else attn.register_forward_hook
+            self._handles.append(register(self._hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, module, *args):
+        raise TypeError(f"{type(self).__name__} must define _hook")
+
+
 def embedded_model_dir() -> Path:
     """Directory of the embedded model in safetensors form, converting it on first use."""
     target = dapq_home() / "models" / EMBEDDED_MODEL

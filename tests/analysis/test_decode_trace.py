@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
-from conftest import random_prompt, tiny_model
 
 from dapq.analysis import capture_pseudo_queries, cosine, keep_recall, trace_decode
 from dapq.compress import make_batch, prefill
 from dapq.methods import build
+
+from conftest import random_prompt, tiny_model
 
 
 def _model(kind="llama"):

@@ -38,3 +38,17 @@ def test_render_writes_markdown_and_plots(tmp_path):
     assert "niah-budget.png" in pngs and "ruler-budget.png" in pngs
     assert "niah-heatmap-dapq-64.png" in pngs and "niah-heatmap-full-all.png" in pngs
     assert all((tmp_path / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_longbench_v2_split_columns():
+    def rec(label, budget, sid, score, splits):
+        return {"key": f"{label}{budget}{sid}", "taskset": "longbench-v2", "task": "longbench-v2", "label": label,
+                "budget": budget, "score": score, "kv_bytes_full": 10, "kv_bytes_kept": 10, "sample_id": sid,
+                "meta": {"splits": splits}}
+
+    records = [rec("full", None, "a", 1.0, ["easy", "short"]), rec("full", None, "b", 0.0, ["hard", "long"])]
+    header, rows = table(records, "longbench-v2")
+    assert header[2:7] == ["longbench-v2", "longbench-v2:easy", "longbench-v2:hard", "longbench-v2:long",
+                           "longbench-v2:short"]
+    assert rows[0][2:7] == ["50.0", "100.0", "0.0", "0.0", "100.0"]
+    assert rows[0][7] == "50.0"  # the average counts the overall column only, not the splits

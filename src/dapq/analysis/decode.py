@@ -16,7 +16,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..compress import make_batch
-from ..models import attention_modules
+from ..models import AttentionHooks
 from ..scoring import apply_rope, attention_probs, prerope_queries
 
 
@@ -35,24 +35,15 @@ class DecodeTrace:
     """(L, Hq, T, Lp) softmax attention of each decode query over the prompt keys."""
 
 
-class _QueryRecorder:
+class _QueryRecorder(AttentionHooks):
     """Forward hooks that keep the (pre-RoPE, post-RoPE) queries of the last ``n`` columns."""
 
     def __init__(self, model, n: int, with_attention: bool = False, prompt_len: int = 0):
-        self.model, self.n, self.with_attention, self.prompt_len = model, n, with_attention, prompt_len
+        super().__init__(model)
+        self.n, self.with_attention, self.prompt_len = n, with_attention, prompt_len
         self.pre: dict[int, list[Tensor]] = {}
         self.post: dict[int, list[Tensor]] = {}
         self.attn: dict[int, list[Tensor]] = {}
-        self._handles = []
-
-    def __enter__(self):
-        for attn in attention_modules(self.model):
-            self._handles.append(attn.register_forward_hook(self._hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
 
     def _hook(self, module, args, kwargs, output):
         hs = kwargs["hidden_states"][:, -self.n :]

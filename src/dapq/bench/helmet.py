@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import DapqError
 from .longbench import _budget, _data_dir, read_jsonl, truncate_middle
-from .tasks import Sample, TaskArgs, taskset
+from .tasks import Sample, TaskArgs, select_tasks, taskset
 
 SUBSETS = {
     "icl": ("Use the examples below to label the last input. Answer with the label only.\n\n{context}\n\n"
@@ -40,10 +40,7 @@ def _context(row: dict) -> str:
 
 @taskset("helmet")
 def helmet_samples(tokenizer, args: TaskArgs) -> list[Sample]:
-    subsets = args.tasks or tuple(SUBSETS)
-    unknown = [t for t in subsets if t not in SUBSETS]
-    if unknown:
-        raise DapqError(f"unknown HELMET subset(s) {', '.join(unknown)}; choose from {', '.join(SUBSETS)}")
+    subsets = select_tasks(args, tuple(SUBSETS), "HELMET")
     root = _data_dir(args)
     if root is None:
         raise DapqError("HELMET has no single hub dataset; give --data DIR with icl/longqa/rag .jsonl files")

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from ..errors import DapqError
-from .tasks import Sample, TaskArgs, taskset
+from .tasks import Sample, TaskArgs, select_tasks, taskset
 
 PROMPTS = {
     "qasper": (
@@ -150,10 +150,7 @@ def _budget(args: TaskArgs, max_new: int) -> int:
 @taskset("longbench")
 def longbench_samples(tokenizer, args: TaskArgs) -> list[Sample]:
     """The first ``--samples`` items of each LongBench task, prompts truncated to the context."""
-    tasks = args.tasks or TASKS
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise DapqError(f"unknown LongBench task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+    tasks = select_tasks(args, TASKS, "LongBench")
     root = _data_dir(args)
     out = []
     for task in tasks:

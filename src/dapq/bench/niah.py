@@ -13,8 +13,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from ..errors import DapqError
-from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, taskset
+from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, select_tasks, taskset
 from .words import ADJECTIVES, NOUNS
 
 # RULER's "noise" haystack: repeated filler that carries no information.
@@ -103,10 +102,7 @@ def niah_samples(tokenizer, args: TaskArgs) -> list[Sample]:
     ``--tasks sentence`` hides a sentence (task ``niah_sentence``, ROUGE-1 recall).
     """
     text = haystack_text(args.haystack)
-    kinds = args.tasks or ("number",)
-    unknown = set(kinds) - {"number", "sentence"}
-    if unknown:
-        raise DapqError(f"niah has needle kinds 'number' and 'sentence', not {', '.join(sorted(unknown))}")
+    kinds = select_tasks(TaskArgs(tasks=args.tasks or ("number",)), ("number", "sentence"), "niah needle")
     out = []
     for kind in kinds:
         task = "niah" if kind == "number" else "niah_sentence"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import DapqError
 from .niah import sentences
-from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, taskset
+from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, select_tasks, taskset
 from .words import ADJECTIVES, COMMON, NOUNS
 
 NIAH_TEMPLATE = (
@@ -208,10 +208,7 @@ def _fwe(tokenizer, length: int, rng: random.Random, alpha: float = 2.0) -> tupl
 @taskset("ruler")
 def ruler_samples(tokenizer, args: TaskArgs) -> list[Sample]:
     """``args.samples`` prompts per task and length for the 11 RULER tasks (or ``--tasks``)."""
-    tasks = args.tasks or TASKS
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise DapqError(f"unknown RULER task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+    tasks = select_tasks(args, TASKS, "RULER")
     essay = haystack_text(args.haystack if args.haystack != "noise" else "essays")
     out = []
     for task in tasks:

@@ -66,6 +66,15 @@ def build_samples(name: str, tokenizer, args: TaskArgs) -> list[Sample]:
     return TASKSETS[name](tokenizer, args)
 
 
+def select_tasks(args: TaskArgs, known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """``--tasks`` (default: all ``known``), rejecting names the task set does not have."""
+    tasks = args.tasks or known
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        raise DapqError(f"unknown {what} task(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return tasks
+
+
 def haystack_text(name: str) -> str:
     """A shipped haystack (``essays``, ``held_out``), or ``noise`` (RULER's repeated filler)."""
     from .niah import NOISE

@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..scoring import attention_scores, pool_scores, reduce_groups
+from ..scoring import (
+    GROUP_REDUCTIONS,
+    POOL_MODES,
+    QUERY_REDUCTIONS,
+    attention_scores,
+    pool_scores,
+    reduce_groups,
+)
 
 
 @dataclass
@@ -154,12 +161,11 @@ class AttentionScoredMethod(Method):
         super().__post_init__()
         if self.kernel < 1:
             raise ConfigError(f"kernel must be >= 1, got {self.kernel}")
-        if self.pooling not in ("max", "avg"):
-            raise ConfigError(f"pooling must be 'max' or 'avg', got {self.pooling!r}")
-        if self.query_reduce not in ("sum", "mean", "max"):
-            raise ConfigError(f"query_reduce must be sum, mean or max, got {self.query_reduce!r}")
-        if self.group_reduce not in ("mean", "max"):
-            raise ConfigError(f"group_reduce must be mean or max, got {self.group_reduce!r}")
+        for value, allowed, what in ((self.pooling, POOL_MODES, "pooling"),
+                                     (self.query_reduce, QUERY_REDUCTIONS, "query_reduce"),
+                                     (self.group_reduce, GROUP_REDUCTIONS, "group_reduce")):
+            if value not in allowed:
+                raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
 
     def normalise_over_extra(self) -> bool:
         """Whether the softmax also covers keys after the prompt (DapQ's pseudo keys)."""
