@@ -192,6 +192,103 @@ def report(
     typer.echo(render(out, plots=not no_plots))
 
 
+analyze_app = typer.Typer(no_args_is_help=True, help="The paper's analyses: similarity, recall, ablations.")
+app.add_typer(analyze_app, name="analyze")
+
+
+def _analysis_setup(model, taskset, lengths, samples, seed, out, tasks=""):
+    from .bench.store import ResultsStore
+    from .bench.tasks import TaskArgs, build_samples
+    from .models import load_model
+
+    try:
+        length_list = tuple(int(x) for x in lengths.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError("--lengths must be integers") from None
+    if samples < 1:
+        raise ConfigError("--samples must be >= 1")
+    store = ResultsStore(out)
+    _quiet_transformers()
+    lm, tokenizer = load_model(model)
+    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, tasks=tuple(t for t in tasks.split(",") if t),
+                    max_context=getattr(lm.config, "max_position_embeddings", None))
+    return lm, tokenizer, build_samples(taskset, tokenizer, args), store
+
+
+_MODEL = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M).")
+_TASKSET = typer.Option("niah", "--taskset", help="Prompt source: a bench task set (niah, ruler).")
+_LENGTHS = typer.Option("2000", "--lengths", help="Prompt lengths in tokens.")
+_SAMPLES = typer.Option(2, "--samples", help="Samples per task (niah: per length x depth).")
+_SEED = typer.Option(0, "--seed")
+_TASKS = typer.Option("", "--tasks", help="Subset of the task set's tasks.")
+
+
+@analyze_app.command("similarity")
+def analyze_similarity(
+    model: str = _MODEL, taskset: str = _TASKSET, lengths: str = _LENGTHS, samples: int = _SAMPLES,
+    seed: int = _SEED, tasks: str = _TASKS,
+    window: int = typer.Option(32, "--window", help="N pseudo queries / decode steps compared."),
+    out: Path = typer.Option(Path("runs/analysis"), "--out"),
+) -> None:
+    """Table 1 / Figure 2: pseudo vs real decoding queries under SC/DC x SP/DP."""
+    from .analysis.run import render, run_similarity
+
+    if window < 1:
+        raise ConfigError("--window must be >= 1")
+    lm, tok, sample_list, store = _analysis_setup(model, taskset, lengths, samples, seed, out, tasks)
+    run_similarity(lm, tok, sample_list, store, model_id=model or "smollm2-135m", window=window, seed=seed)
+    typer.echo(render(out))
+
+
+@analyze_app.command("recall")
+def analyze_recall(
+    model: str = _MODEL, taskset: str = _TASKSET, lengths: str = _LENGTHS, samples: int = _SAMPLES,
+    seed: int = _SEED, tasks: str = _TASKS,
+    methods: str = typer.Option("dapq,snapkv,h2o,oracle", "--methods"),
+    budget: int = typer.Option(128, "--budget"),
+    windows: str = typer.Option("1,2,4,8,16,32,64,128", "--windows"),
+    steps: int = typer.Option(32, "--steps", help="Real decoding steps that define the reference top-K."),
+    out: Path = typer.Option(Path("runs/analysis"), "--out"),
+) -> None:
+    """Figure 3 / Table 8: recall of the oracle top-K and distribution cosine, by window."""
+    from .analysis.run import render, run_recall
+    from .bench.runner import parse_budgets, parse_methods
+
+    parse_methods(methods)
+    window_list = tuple(parse_budgets(windows))
+    if budget < 1 or steps < 1:
+        raise ConfigError("--budget and --steps must be >= 1")
+    lm, tok, sample_list, store = _analysis_setup(model, taskset, lengths, samples, seed, out, tasks)
+    run_recall(lm, tok, sample_list, store, model_id=model or "smollm2-135m", methods=methods, budget=budget,
+               windows=window_list, steps=steps)
+    typer.echo(render(out))
+
+
+@analyze_app.command("ablation")
+def analyze_ablation(
+    part: str = typer.Argument(..., help="a (content), b (window N) or c (insert position)."),
+    model: str = _MODEL, taskset: str = _TASKSET, lengths: str = _LENGTHS, samples: int = _SAMPLES,
+    seed: int = _SEED, tasks: str = _TASKS,
+    budget: int = typer.Option(128, "--budget"),
+    steps: int = typer.Option(32, "--steps"),
+    accuracy: bool = typer.Option(True, "--accuracy/--no-accuracy", help="Also run the accuracy cells."),
+    out: Path = typer.Option(Path("runs/ablation"), "--out"),
+) -> None:
+    """Figure 4: DapQ's content, window and position choices, as recall and as accuracy."""
+    from .analysis.run import ABLATIONS, render, run_ablation
+    from .bench.report import markdown, table
+
+    if part not in ABLATIONS:
+        raise ConfigError(f"ablation part must be one of {', '.join(ABLATIONS)}")
+    out = out / part
+    lm, tok, sample_list, _ = _analysis_setup(model, taskset, lengths, samples, seed, out, tasks)
+    acc = run_ablation(lm, tok, sample_list, out, model_id=model or "smollm2-135m", part=part, budget=budget,
+                       steps=steps, accuracy=accuracy)
+    typer.echo(render(out))
+    if acc is not None:
+        typer.echo(markdown(*table(list(acc), sample_list[0].taskset)))
+
+
 @app.command()
 def demo(
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),

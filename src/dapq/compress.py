@@ -132,9 +132,10 @@ def select_slots(method: Method, ctx: LayerContext, kept: Tensor, n_slots: int) 
 class _EvictionHooks(AttentionHooks):
     """Forward hooks that score and prune each layer's cache during one forward pass."""
 
-    def __init__(self, model, method: Method, batch: PromptBatch, budgets: Tensor):
+    def __init__(self, model, method: Method, batch: PromptBatch, budgets: Tensor, observer=None):
         super().__init__(model)
         self.method = method
+        self.observer = observer
         self.batch = batch
         self.kept = torch.minimum(budgets, batch.prompt_lengths[:, None])  # (B, L)
         self.slots = self.kept.max(dim=0).values.tolist()
@@ -189,6 +190,8 @@ class _EvictionHooks(AttentionHooks):
             scaling=attn.scaling,
             model_type=self.model.config.model_type,
         )
+        if self.observer is not None:
+            self.observer(ctx)  # analyses see exactly what the method scores
         indices, pad_slots = select_slots(self.method, ctx, kept, n_slots)
         gather = indices[..., None].expand(-1, -1, -1, keys.shape[-1])
         layer.keys = keys[:, :, :width].gather(2, gather).contiguous()
@@ -220,14 +223,14 @@ def _sync(model) -> None:
         torch.cuda.synchronize()
 
 
-def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, first: int) -> PrefillResult:
+def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, first: int, observer=None) -> PrefillResult:
     """Forward columns ``[first:]`` of ``batch`` over ``cache`` (which holds ``[:first]``), evicting.
 
     With ``first = 0`` this is the prefill; :func:`compress` replays only the columns its method
     needs. Logits are kept for the last prompt column (Lp-1) when it is part of the call.
     """
     budgets = _budgets(model, method, batch)
-    hooks = _EvictionHooks(model, method, batch, budgets)
+    hooks = _EvictionHooks(model, method, batch, budgets, observer)
     n_cols = batch.input_ids.shape[1]
     last_prompt = batch.width - 1 - first  # index of column Lp-1 within this call
     logits = None
@@ -257,14 +260,15 @@ def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, firs
 
 
 @torch.no_grad()
-def prefill(model, method: Method, batch: PromptBatch) -> PrefillResult:
+def prefill(model, method: Method, batch: PromptBatch, *, observer=None) -> PrefillResult:
     """Prefill ``batch`` once, evicting layer by layer; return the cache and first-token logits.
 
     For DapQ the batch already carries the pseudo tokens; the logits are taken at the last
     *prompt* column (position Lp-1), which causality makes identical to a plain prefill.
+    ``observer(ctx)``, if given, sees each layer's :class:`LayerContext` before selection.
     """
     check_supported(model)
-    return _run(model, method, batch, CompressedCache(), first=0)
+    return _run(model, method, batch, CompressedCache(), first=0, observer=observer)
 
 
 @torch.no_grad()
@@ -276,6 +280,7 @@ def compress(
     attention_mask: Tensor | None = None,
     *,
     tokenizer=None,
+    observer=None,
 ) -> PrefillResult:
     """Compress a cache that someone else's loop already prefilled over ``input_ids``.
 
@@ -312,7 +317,7 @@ def compress(
         first = width - (width if method.query_source == "all" else method.num_queries(width))
         for layer in out_cache.layers:
             layer.crop(first)  # re-run the observation tokens to recompute their queries
-    return _run(model, method, batch, out_cache, first)
+    return _run(model, method, batch, out_cache, first, observer)
 
 
 def _esize(model) -> int:

@@ -63,12 +63,35 @@ class _QueryRecorder(AttentionHooks):
 
 
 @torch.no_grad()
-def trace_decode(model, prompt_ids: list[int], steps: int) -> DecodeTrace:
+def prompt_cache(model, prompt_ids: list[int]) -> DynamicCache:
+    """A plain FullKV prefill of one prompt (shared by the analyses, cloned before mutation)."""
+    cache = DynamicCache()
+    model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
+    return cache
+
+
+def clone_cache(cache: DynamicCache) -> DynamicCache:
+    """An independent copy (compression mutates the layers it is given)."""
+    copy = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        copy.update(layer.keys.clone(), layer.values.clone(), i)
+    return copy
+
+
+@torch.no_grad()
+def trace_decode(model, prompt_ids: list[int], steps: int, cache: DynamicCache | None = None) -> DecodeTrace:
     """Greedy-decode ``steps`` tokens with FullKV and record the real decoding queries."""
     lp = len(prompt_ids)
-    cache = DynamicCache()
-    out = model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+    cache = clone_cache(cache) if cache is not None else DynamicCache()
+    if cache.get_seq_length() == 0:
+        model(input_ids=torch.tensor([prompt_ids[:-1]], device=model.device), past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+    else:
+        cache.crop(lp - 1)
+    # Re-run the last prompt token so its logits give the first new token.
+    out = model(input_ids=torch.tensor([prompt_ids[-1:]], device=model.device),
+                position_ids=torch.tensor([[lp - 1]], device=model.device), past_key_values=cache, use_cache=True)
     token = int(out.logits[0, -1].argmax())
     tokens = []
     with _QueryRecorder(model, 1, with_attention=True, prompt_len=lp) as rec:
@@ -79,6 +102,24 @@ def trace_decode(model, prompt_ids: list[int], steps: int) -> DecodeTrace:
                         past_key_values=cache, use_cache=True)
             token = int(out.logits[0, -1].argmax())
     return DecodeTrace(lp, tokens, rec.stacked(rec.pre), rec.stacked(rec.post), rec.stacked(rec.attn))
+
+
+@torch.no_grad()
+def queries_at(model, cache: DynamicCache, token_ids: list[int], positions: list[int]) -> tuple[Tensor, Tensor]:
+    """(pre-RoPE, post-RoPE) queries (L, Hq, n, d) of ``token_ids`` placed after the cached prompt.
+
+    The tokens are appended physically after the prompt with the given RoPE positions (the way
+    DapQ's pseudo tokens are), then the cache is cropped back, so one prompt prefill serves many
+    conditions at the cost of an n-token forward each.
+    """
+    lp = cache.get_seq_length()
+    n = len(token_ids)
+    with _QueryRecorder(model, n) as rec:
+        model(input_ids=torch.tensor([token_ids], device=model.device),
+              position_ids=torch.tensor([positions], device=model.device), past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+    cache.crop(lp)
+    return rec.stacked(rec.pre), rec.stacked(rec.post)
 
 
 @torch.no_grad()
