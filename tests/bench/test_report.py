@@ -14,12 +14,12 @@ FIX = Path(__file__).parent / "fixtures" / "sweep"
 def test_table_layout_and_averages():
     records = list(ResultsStore(FIX))
     header, rows = table(records, "niah")
-    assert header[:3] == ["method", "budget", "NIAH"] and header[-3:] == ["avg", "% of FullKV", "KV kept"]
+    assert header[:3] == ["method", "budget", "NIAH"] and header[-4:] == ["avg", "% of FullKV", "KV kept", "KV MiB"]
     by = {(r[0], r[1]): r for r in rows}
     assert [r[0] for r in rows][0] == "full"  # FullKV first
-    assert by[("full", "all")][2] == "100.0" and by[("full", "all")][-1] == "100.0%"
-    assert by[("dapq", "64")][2] == "50.0" and by[("dapq", "64")][-2] == "50.0"  # 50% of FullKV
-    assert by[("dapq", "64")][-1] == "6.4%"
+    assert by[("full", "all")][2] == "100.0" and by[("full", "all")][-2] == "100.0%"
+    assert by[("dapq", "64")][2] == "50.0" and by[("dapq", "64")][-3] == "50.0"  # 50% of FullKV
+    assert by[("dapq", "64")][-2] == "6.4%" and by[("dapq", "64")][-1] == "0.0"  # 64 bytes in MiB
     assert by[("snapkv", "64")][2] == "0.0"  # the partial row still renders
 
     header, rows = table(records, "ruler")

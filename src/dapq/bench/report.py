@@ -46,21 +46,23 @@ def expand(records: list[dict]) -> list[dict]:
 
 
 def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: method x budget by task, the average, % of FullKV, and KV kept."""
+    """Header and rows: method x budget by task, the average, % of FullKV, KV kept (share, MiB)."""
     rs = [r for r in expand(records) if r["taskset"] == taskset]
     present = {r["task"] for r in rs}
     order = [t for t in TASK_ORDER.get(taskset, ()) if t in present]
     order += sorted(present - set(order))
     scores: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     kv: dict[tuple, list[float]] = defaultdict(list)
+    kv_mib: dict[tuple, list[float]] = defaultdict(list)
     for r in rs:
         scores[_row_key(r)][r["task"]].append(r["score"])
         if ":" not in r["task"]:
             kv[_row_key(r)].append(r["kv_bytes_kept"] / max(r["kv_bytes_full"], 1))
+            kv_mib[_row_key(r)].append(r["kv_bytes_kept"] / 2**20)
     base_tasks = [t for t in order if ":" not in t]
     averages = {k: _mean([_mean(v[t]) for t in base_tasks if v.get(t)]) for k, v in scores.items()}
     full_avg = next((a for (label, _), a in averages.items() if label == "full"), None)
-    header = ["method", "budget"] + [DISPLAY.get(t, t) for t in order] + ["avg", "% of FullKV", "KV kept"]
+    header = ["method", "budget"] + [DISPLAY.get(t, t) for t in order] + ["avg", "% of FullKV", "KV kept", "KV MiB"]
     rows = []
     for key in _sort_rows(scores):
         label, budget = key
@@ -68,7 +70,8 @@ def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]
         avg = averages[key]
         rel = f"{100 * avg / full_avg:.1f}" if avg is not None and full_avg else "-"
         rows.append([label, str(budget or "all"), *cells, f"{100 * avg:.1f}" if avg is not None else "-", rel,
-                     f"{100 * _mean(kv[key]):.1f}%" if kv[key] else "-"])
+                     f"{100 * _mean(kv[key]):.1f}%" if kv[key] else "-",
+                     f"{_mean(kv_mib[key]):.1f}" if kv_mib[key] else "-"])
     return header, rows
 
 
