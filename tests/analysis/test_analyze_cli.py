@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_model
 
 from dapq.cli import main
+
+from conftest import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,7 @@ def test_recall_and_oracle_reference(capsys, model_dir, tmp_path):
     oracle = [r for r in records if r["method"] == "oracle"]
     assert oracle and all(v == pytest.approx(1.0) for r in oracle for v in r["recall"])  # oracle vs itself
     assert {r["window"] for r in records if r["method"] == "dapq"} == {1, 4}
+    assert {r["window"] for r in records if r["method"] == "h2o"} == {None}  # its window is not swept
     assert all(0.0 <= v <= 1.0 for r in records for v in r["recall"])
     assert "Table 8 analogue" in out and (tmp_path / "recall.png").exists()
     # Resumable: a second run finds every record done and adds none.

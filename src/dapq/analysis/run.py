@@ -117,8 +117,11 @@ def _spec_variants(specs: list[MethodSpec], windows) -> list[tuple[str, str, int
 
     out = []
     for spec in specs:
-        has_window = "window" in method_class(spec.name).field_names() and "window" not in dict(spec.params)
-        if windows and has_window and spec.name != "oracle":
+        cls = method_class(spec.name)
+        # Only observation windows are swept (SnapKV's last-W queries, DapQ's N pseudo queries);
+        # H2O's window is its always-kept recent tail and the oracle's is its reference steps.
+        sweeps = cls.query_source in ("suffix", "pseudo") and not cls.analysis_only
+        if windows and sweeps and "window" not in dict(spec.params):
             for w in windows:
                 out.append((spec.label, spec.name, w, MethodSpec(spec.label, spec.name, spec.params + (("window", w),))))
         else:

@@ -105,6 +105,8 @@ def plot_budget_curves(records: list[dict], taskset: str, path: Path) -> Path | 
     if full:
         ax.axhline(100 * _mean(full), color="black", linestyle="--", label="full")
     ax.set_xscale("log", base=2)
+    budgets = sorted({b for by_budget in per.values() for b in by_budget})
+    ax.set_xticks(budgets, [str(b) for b in budgets])
     ax.set_xlabel("KV budget (tokens per head per layer)")
     ax.set_ylabel("score (%)")
     ax.set_title(f"{taskset}: score vs budget")
