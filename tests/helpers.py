@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -72,3 +73,23 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                          eos_token_id=None, pad_token_id=0, min_new_tokens=n)
     return out[0, len(prompt):].tolist()
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """Run ``dapq ARGS`` in-process: (exit code, stdout, stderr)."""
+    from dapq.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def save_tiny(path, tokenizer, **overrides) -> str:
+    """Save a tiny random Llama and the test tokenizer as a model directory."""
+    from conftest import tiny_model
+
+    tiny_model("llama", **overrides).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -7,17 +7,12 @@ import json
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from dapq.cli import main
-
-from conftest import tiny_model
+from helpers import run_cli, save_tiny
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", max_position_embeddings=256).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), tokenizer, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +23,7 @@ def gpt2_dir(tmp_path_factory, tokenizer):
     return str(path)
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+run = run_cli
 
 
 def test_generate_json(capsys, model_dir):

@@ -6,25 +6,16 @@ import json
 
 import pytest
 
-from dapq.cli import main
-
-from conftest import tiny_model
+from helpers import run_cli, save_tiny
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tokenizer):
-    path = tmp_path_factory.mktemp("tiny-analysis")
-    tiny_model("llama", max_position_embeddings=1024, eos_token_id=None).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny(tmp_path_factory.mktemp("tiny-analysis"), tokenizer, max_position_embeddings=1024,
+                     eos_token_id=None)
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+run = run_cli
 
 
 COMMON = ["--lengths", "300", "--samples", "1", "--taskset", "niah"]
