@@ -63,7 +63,10 @@ def build_samples(name: str, tokenizer, args: TaskArgs) -> list[Sample]:
         for length in args.lengths:
             if length > args.max_context:
                 raise DapqError(f"length {length} is longer than the model's context of {args.max_context}")
-    return TASKSETS[name](tokenizer, args)
+    samples = TASKSETS[name](tokenizer, args)
+    if not samples:
+        raise DapqError(f"task set {name!r} produced no samples (empty data files?)")
+    return samples
 
 
 def select_tasks(args: TaskArgs, known: tuple[str, ...], what: str) -> tuple[str, ...]:
