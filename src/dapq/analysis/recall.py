@@ -39,7 +39,7 @@ def method_recall(model, cache, prompt_ids: list[int], trace: DecodeTrace, metho
     def observe(ctx):
         if ctx.queries is None:
             return
-        n_keys = ctx.keys.shape[2] if getattr(method, "normalise_over_extra", lambda: False)() else ctx.width
+        n_keys = method.softmax_keys(ctx)  # queries exist only for attention-scored methods
         distributions[ctx.layer_idx] = attention_scores(
             ctx.queries, ctx.keys[:, :, :n_keys], query_cols=ctx.query_cols, key_valid=ctx.valid[:, :n_keys],
             scaling=ctx.scaling, n_scored=ctx.width, query_reduce="mean", query_valid=ctx.query_valid,

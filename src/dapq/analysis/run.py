@@ -37,14 +37,14 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def _prompts(model, tokenizer, samples: list[Sample]):
+def _prompts(tokenizer, samples: list[Sample]):
     for s in samples:
         yield s, encode_prompts(tokenizer, [s.prompt], chat=s.chat, answer_prefix=s.answer_prefix)[0]
 
 
 # --------------------------------------------------------------------------- similarity
 def run_similarity(model, tokenizer, samples, store: ResultsStore, *, model_id: str, window: int = 32, seed: int = 0):
-    for s, ids in track(list(_prompts(model, tokenizer, samples)), description="similarity"):
+    for s, ids in track(list(_prompts(tokenizer, samples)), description="similarity"):
         key = cell_key(analysis="similarity", model=model_id, sample=s.sample_id, prompt=s.prompt, window=window,
                        seed=seed)
         if key in store:
@@ -133,7 +133,7 @@ def run_recall(model, tokenizer, samples, store: ResultsStore, *, model_id: str,
                windows=WINDOWS, steps: int = 32, analysis: str = "recall"):
     variants = _spec_variants(parse_methods(methods), windows)
     n_kv = model.config.num_key_value_heads
-    for s, ids in track(list(_prompts(model, tokenizer, samples)), description=analysis):
+    for s, ids in track(list(_prompts(tokenizer, samples)), description=analysis):
         todo = []
         for label, name, window, spec in variants:
             method = spec.build(budget)

@@ -171,9 +171,13 @@ class AttentionScoredMethod(Method):
         """Whether the softmax also covers keys after the prompt (DapQ's pseudo keys)."""
         return False
 
+    def softmax_keys(self, ctx: LayerContext) -> int:
+        """How many leading key columns the observation softmax normalises over."""
+        return ctx.keys.shape[2] if self.normalise_over_extra() else ctx.width
+
     def score(self, ctx: LayerContext) -> Tensor:
         width = ctx.width
-        n_keys = ctx.keys.shape[2] if self.normalise_over_extra() else width
+        n_keys = self.softmax_keys(ctx)
         scores = attention_scores(
             ctx.queries,
             ctx.keys[:, :, :n_keys],
