@@ -18,7 +18,8 @@ per-layer masks itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -86,6 +87,29 @@ class CompressedCache(DynamicCache):
     def kept_per_layer(self) -> list[int]:
         """Physical prompt slots per KV head, per layer."""
         return [layout.width for layout in self.layouts]
+
+    def repeat_batch(self, n: int) -> CompressedCache:
+        """A new cache holding every row ``n`` times (row order ``0..B-1, 0..B-1, ...``).
+
+        The speed benchmark uses it to measure decoding at batch ``n`` without ``n`` prefills:
+        decode cost depends on the cache's shape, not on its values.
+        """
+        out = CompressedCache()
+        out.prompt_width = self.prompt_width
+        out.prompt_lengths = None if self.prompt_lengths is None else self.prompt_lengths.repeat(n)
+        out.layouts = [
+            LayerLayout(None if lay.kept_indices is None else lay.kept_indices.repeat(n, 1, 1),
+                        lay.pad_slots.repeat(n), lay.width)
+            for lay in self.layouts
+        ]
+        out.layers = []
+        for layer in self.layers:
+            new = copy.copy(layer)
+            new.keys, new.values = layer.keys.repeat(n, 1, 1, 1), layer.values.repeat(n, 1, 1, 1)
+            out.layers.append(new)
+        out.stats = replace(self.stats, kv_bytes_full=self.stats.kv_bytes_full * n,
+                            kv_bytes_kept=self.stats.kv_bytes_kept * n, budgets=self.stats.budgets * n)
+        return out
 
     def kv_bytes(self) -> int:
         """Bytes held by keys and values of every layer right now."""

@@ -136,7 +136,8 @@ def methods() -> None:
 
 @app.command()
 def bench(
-    taskset: str = typer.Argument(..., help="niah, ruler, longbench, longbench-v2 or helmet."),
+    taskset: str = typer.Argument(..., help="niah, ruler, longbench, longbench-v2 or helmet "
+                                  "(or speed: see `dapq bench speed --help`)."),
     methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets parameters."),
     budgets: str = typer.Option("64,128,256", "--budgets", help="Comma list of KV budgets."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
@@ -179,6 +180,112 @@ def bench(
     run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m")
     header, rows = table(list(store), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
+
+
+def _int_list(text: str, what: str, minimum: int = 1) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be a comma list of integers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ConfigError(f"{what} must be integers >= {minimum}, got {text!r}")
+    return values
+
+
+@app.command("bench-speed", hidden=True)
+def bench_speed(
+    methods: str = typer.Option(None, "--methods", help="Comma list (default: full and every method; "
+                                "--quick: full,dapq,snapkv,streamingllm)."),
+    budget: int = typer.Option(None, "--budget", help="KV budget of the compressing methods (default 128)."),
+    context: int = typer.Option(None, "--context", help="Context of the decode / e2e / kvpress cells (default 4000)."),
+    lengths: str = typer.Option(None, "--lengths", help="TTFT context lengths (default 1000,2000,4000,8000)."),
+    batches: str = typer.Option(None, "--batches", help="Decode batch sizes (default 1,2,4,... up to --max-batch)."),
+    max_batch: int = typer.Option(None, "--max-batch", help="Largest default batch (32 on CPU, 512 on CUDA)."),
+    decode_tokens: int = typer.Option(None, "--decode-tokens", help="New tokens per decode run (default 32)."),
+    repeats: int = typer.Option(None, "--repeats", help="Timed runs per cell (default 3)."),
+    warmup: int = typer.Option(None, "--warmup", help="Untimed runs per cell (default 1)."),
+    parts: str = typer.Option("ttft,decode,e2e,peer", "--parts", help="Which cells: ttft, decode, e2e, peer."),
+    peers: str = typer.Option("snapkv,streamingllm", "--peers", help="kvpress presses for the peer row, or none."),
+    quick: bool = typer.Option(False, "--quick", help="Tiny sizes, every kind of cell: a smoke test (< 2 min)."),
+    model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
+    random_weights: str = typer.Option(None, "--random-weights", help="Build a random-weight model from a "
+                                       "config: llama-3-8b, qwen2.5-7b (shipped) or a config.json path."),
+    dtype: str = typer.Option(None, "--dtype", help="Default float32 on CPU, bfloat16 on CUDA."),
+    device: str = typer.Option(None, "--device"),
+    attn: str = typer.Option("sdpa", "--attn", help="sdpa, eager, or flash_attention_2 (CUDA)."),
+    memory_limit: float = typer.Option(None, "--memory-limit", help="GiB a CPU cell may use before it is "
+                                       "reported OOM unrun (default: 90% of free memory)."),
+    out: Path = typer.Option(Path("runs/speed"), "--out", help="Output directory (results.jsonl, report.md)."),
+) -> None:
+    """Throughput, TTFT and memory of every method, side by side with kvpress; resumable."""
+    import torch
+
+    from .bench.peers import PRESSES, run_kvpress
+    from .bench.report import render
+    from .bench.runner import parse_methods
+    from .bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
+    from .bench.store import ResultsStore
+    from .methods import available, method_class
+
+    base = QUICK if quick else SpeedConfig()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise DapqError("--device cuda: no CUDA device here")
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    if model is not None and random_weights is not None:
+        raise ConfigError("give --model or --random-weights, not both")
+    if batches is not None:
+        batch_list = _int_list(batches, "--batches")
+    elif quick:
+        batch_list = base.batches
+    else:
+        top = max_batch or (512 if device.startswith("cuda") else 32)
+        batch_list = tuple(2**i for i in range(top.bit_length()) if 2**i <= top)
+    part_list = tuple(p for p in parts.split(",") if p)
+    if not part_list or set(part_list) - set(PARTS):
+        raise ConfigError(f"--parts must be a comma list of {', '.join(PARTS)}")
+    peer_list = () if peers == "none" else tuple(p for p in peers.split(",") if p)
+    if set(peer_list) - set(PRESSES):
+        raise ConfigError(f"--peers must be none or a comma list of {', '.join(PRESSES)}")
+    cfg = SpeedConfig(
+        context=context or base.context, budget=budget or base.budget,
+        lengths=_int_list(lengths, "--lengths", 2) if lengths else base.lengths,
+        batches=batch_list, decode_tokens=decode_tokens or base.decode_tokens,
+        repeats=repeats if repeats is not None else base.repeats,
+        warmup=warmup if warmup is not None else base.warmup,
+        parts=part_list, memory_limit=None if memory_limit is None else int(memory_limit * 2**30),
+    )
+    if cfg.repeats < 1 or cfg.warmup < 0 or cfg.decode_tokens < 2:
+        raise ConfigError("--repeats must be >= 1, --warmup >= 0 and --decode-tokens >= 2")
+    if not 1 <= cfg.budget < min(cfg.context, *cfg.lengths):
+        raise ConfigError(f"--budget must lie in [1, {min(cfg.context, *cfg.lengths)}) to compress anything")
+    default_methods = "full,dapq,snapkv,streamingllm" if quick else ",".join(
+        m for m in available() if not method_class(m).analysis_only and m != "random")
+    specs = parse_methods(methods or default_methods)
+    if any(method_class(s.name).analysis_only for s in specs):
+        raise ConfigError("analysis-only methods (oracle) have no place in a speed benchmark")
+    store = ResultsStore(out)
+    _quiet_transformers()
+    from .models import load_model, random_model
+
+    if random_weights is not None:
+        lm, tokenizer = random_model(random_weights, dtype=dtype, device=device, attn_implementation=attn), None
+    else:
+        lm, tokenizer = load_model(model, dtype=dtype, device=device, attn_implementation=attn)
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    longest = max(cfg.context, *cfg.lengths) + max(cfg.decode_tokens, 64)
+    if limit is not None and longest > limit:
+        raise ConfigError(f"contexts up to {longest} tokens (with decoding) exceed the model's {limit}")
+    peer = None
+    if "peer" in cfg.parts and peer_list:
+        spec = {"model": model, "random_weights": random_weights, "dtype": dtype, "device": device, "attn": attn,
+                "threads": torch.get_num_threads(), "budget": cfg.budget, "presses": list(peer_list),
+                "decode_tokens": cfg.decode_tokens, "repeats": cfg.repeats, "warmup": cfg.warmup}
+        peer = lambda ids, _cfg: run_kvpress({**spec, "ids": ids})  # noqa: E731
+    run = SpeedRun(lm, tokenizer, specs, store, cfg, model_id=model or random_weights or "smollm2-135m",
+                   peer=peer, echo=lambda msg: typer.echo(f"speed: {msg}", err=True))
+    run.run()
+    typer.echo(render(out, plots=False))
 
 
 @app.command()
@@ -306,6 +413,10 @@ def demo(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "speed"]:
+        # `dapq bench speed` has its own options; typer cannot mix them into the task-set command.
+        argv = ["bench-speed", *argv[2:]]
     try:
         app(args=argv, standalone_mode=False)
     except typer.Exit as exc:

@@ -45,6 +45,11 @@ class PromptBatch:
     def extra(self) -> int:
         return self.input_ids.shape[1] - self.width
 
+    def repeat(self, n: int) -> PromptBatch:
+        """Every row ``n`` times (see :meth:`PrefillResult.repeat`)."""
+        return PromptBatch(self.input_ids.repeat(n, 1), self.attention_mask.repeat(n, 1),
+                           self.position_ids.repeat(n, 1), self.prompt_lengths.repeat(n), self.width)
+
 
 @dataclass
 class PrefillResult:
@@ -58,6 +63,11 @@ class PrefillResult:
     @property
     def stats(self) -> CompressionStats:
         return self.cache.stats
+
+    def repeat(self, n: int) -> PrefillResult:
+        """The same state with every row ``n`` times: a batch-``n`` decode without ``n`` prefills."""
+        logits = None if self.logits is None else self.logits.repeat(n, 1)
+        return PrefillResult(cache=self.cache.repeat_batch(n), logits=logits, batch=self.batch.repeat(n))
 
 
 def make_batch(

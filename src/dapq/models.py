@@ -164,3 +164,60 @@ def load_model(
     model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def random_model_config(source: str):
+    """The config of ``--random-weights SOURCE``: a shipped name (``llama-3-8b``) or a JSON file."""
+    import json
+    from importlib import resources
+
+    from transformers import AutoConfig
+
+    shipped = resources.files("dapq.configs").joinpath(f"{source}.json")
+    path = Path(source)
+    if shipped.is_file():
+        text = shipped.read_text(encoding="utf-8")
+    elif path.is_file():
+        text = path.read_text(encoding="utf-8")
+    else:
+        names = sorted(p.name[: -len(".json")] for p in resources.files("dapq.configs").iterdir()
+                       if p.name.endswith(".json"))
+        raise DapqError(f"--random-weights {source!r}: no such file or shipped config ({', '.join(names)})")
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DapqError(f"--random-weights {source!r}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    fields = {k: v for k, v in fields.items() if not k.startswith("_")}
+    model_type = fields.pop("model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported architecture {model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def random_model(
+    source: str,
+    *,
+    dtype: str | torch.dtype = "bfloat16",
+    device: str | None = None,
+    attn_implementation: str = "sdpa",
+    seed: int = 0,
+):
+    """A model of a real architecture with random weights, for speed and memory benchmarks.
+
+    Weights are allocated directly on ``device`` in ``dtype``, so an 8B model needs its 16 GB
+    of GPU memory (bf16) and nothing more; no file is read but the config.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise DapqError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    config = random_model_config(source)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval()

@@ -163,6 +163,11 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
     records = list(ResultsStore.open_existing(out))
     parts = [f"# dapq report: {out}", "", f"{len(records)} finished cells."]
     for taskset in sorted({r["taskset"] for r in records}):
+        if taskset == "speed":
+            from .speed_report import render_speed
+
+            parts += ["", "## speed", "", render_speed(records)]
+            continue
         header, rows = table(records, taskset)
         parts += ["", f"## {taskset}", "", markdown(header, rows)]
         if plots:

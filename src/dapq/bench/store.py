@@ -76,6 +76,12 @@ class ResultsStore:
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
+    def get(self, key: str) -> dict | None:
+        """The record of a finished cell, or None."""
+        if key not in self._keys:
+            return None
+        return next(r for r in reversed(self.records) if r["key"] == key)
+
     def __iter__(self) -> Iterator[dict]:
         return iter(self.records)
 

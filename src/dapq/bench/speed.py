@@ -1,0 +1,428 @@
+"""``dapq bench speed``: what each method costs at prefill and buys at decode.
+
+The shape of the paper's Tables 3, 4 and 7 (see ``shared/notes/paper.md``), as four kinds of cell
+written to the same resumable :class:`~dapq.bench.store.ResultsStore` as the accuracy sweeps:
+
+``ttft``
+    Prefill + compression wall time of one prompt against context length, with the compression
+    step (the eviction hooks) and the forward pass reported separately.
+``decode``
+    Decode tokens/s, peak memory and KV bytes held against batch size, at one context length and
+    budget. The batch-``B`` state is the batch-1 state repeated ``B`` times
+    (:meth:`~dapq.compress.PrefillResult.repeat`): decode cost depends on the cache's shape, not
+    on its values, and it spares ``B`` prefills per cell. Peak memory is therefore the decode
+    phase's (cache + activations), not the prefill's.
+``e2e``
+    One prompt end to end at batch 1 (prefill + compress + ``T`` new tokens), the figure the
+    kvpress peer row (:mod:`dapq.bench.peers`) is compared with.
+``peer``
+    The same prompt through kvpress's own pipeline, timed in a child process (kvpress patches
+    transformers' attention functions at import, which must not leak into dapq's timings).
+
+Every cell does ``warmup`` untimed runs, then ``repeats`` timed ones; records keep every sample,
+the median and the spread. Ratios to ``full`` are taken at report time between cells of the same
+session (one invocation), so they are always side by side on the same machine state. Running out
+of memory is a result, not a crash: the cell records ``oom`` and larger batches of that method
+are skipped. On the CPU the cell is not even tried when its estimate exceeds the free memory,
+because the Linux OOM killer would end the whole run instead of raising.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compress import PrefillResult, make_batch, prefill
+from ..generation import DecodeStepper
+from .runner import MethodSpec
+from .store import ResultsStore, cell_key
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """What ``dapq bench speed`` measures (defaults: the embedded model on this machine).
+
+    Parameters
+    ----------
+    context : int
+        Prompt length of the decode and e2e cells.
+    budget : int
+        KV budget of every compressing method.
+    lengths : tuple of int
+        Prompt lengths of the TTFT cells.
+    batches : tuple of int
+        Batch sizes of the decode cells, tried in order until one runs out of memory.
+    decode_tokens : int
+        New tokens per decode / e2e run (T).
+    repeats, warmup : int
+        Timed and untimed runs per cell.
+    parts : tuple of str
+        Which kinds of cell to run: ``ttft``, ``decode``, ``e2e``, ``peer``.
+    memory_limit : int, optional
+        Bytes a CPU cell may use before it is reported as OOM unrun (default: 90% of the
+        memory available when the cell starts).
+    """
+
+    context: int = 4000
+    budget: int = 128
+    lengths: tuple[int, ...] = (1000, 2000, 4000, 8000)
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_tokens: int = 32
+    repeats: int = 3
+    warmup: int = 1
+    parts: tuple[str, ...] = ("ttft", "decode", "e2e", "peer")
+    memory_limit: int | None = None
+
+
+#: ``--quick``: every kind of cell at tiny sizes, for CI smoke tests (well under 2 minutes here).
+QUICK = SpeedConfig(context=256, budget=32, lengths=(128, 256), batches=(1, 2, 4), decode_tokens=4,
+                    repeats=2, warmup=1)
+PARTS = ("ttft", "decode", "e2e", "peer")
+
+
+# ---------------------------------------------------------------------------- measuring
+@dataclass
+class Timing:
+    """Samples of one timed quantity (seconds) with their median and spread."""
+
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return (min(self.samples), max(self.samples)) if self.samples else (float("nan"), float("nan"))
+
+    def to_dict(self) -> dict:
+        lo, hi = self.spread
+        return {"median": self.median, "min": lo, "max": hi, "samples": list(self.samples)}
+
+
+def measure(fn: Callable[[], object], *, repeats: int, warmup: int, clock: Clock = time.perf_counter,
+            sync: Callable[[], None] = lambda: None) -> tuple[Timing, list]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Returns the wall times and what each timed call returned. ``sync`` runs before reading the
+    clock (``torch.cuda.synchronize`` on a GPU, where kernels run asynchronously).
+    """
+    for _ in range(warmup):
+        fn()
+    timing, results = Timing(), []
+    for _ in range(repeats):
+        sync()
+        start = clock()
+        results.append(fn())
+        sync()
+        timing.samples.append(clock() - start)
+    return timing, results
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakMemory:
+    """Peak memory inside a ``with`` block: CUDA allocator peak, or process RSS on the CPU.
+
+    On the CPU a daemon thread samples the resident set every ``interval`` seconds (there is no
+    resettable peak counter for RSS); ``peak`` is the largest sample, ``baseline`` the value on
+    entry, both in bytes.
+    """
+
+    def __init__(self, device: torch.device | str, interval: float = 0.005, read: Callable[[], int] = _rss_bytes):
+        self.device = torch.device(device)
+        self.interval = interval
+        self.read = read
+        self.baseline = self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = self.peak = torch.cuda.memory_allocated(self.device)
+            return self
+        self.baseline = self.peak = self.read()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.read())
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))
+            return
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.read())
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for the ways running out of memory surfaces in torch."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower()
+
+
+def available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``, or None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _sync_fn(device: torch.device) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------- cells
+def ttft_cell(model, method, ids: Sequence[int], cfg: SpeedConfig, *, clock: Clock = time.perf_counter) -> dict:
+    """Prefill + compression of one prompt: wall time, its forward and compression parts, peak memory."""
+    device = model.device
+
+    def run():
+        batch = make_batch(model, method, [list(ids)], pad_id=0)
+        stats = prefill(model, method, batch).stats
+        return stats.prefill_s, stats.compress_s
+
+    with PeakMemory(device) as mem:
+        timing, parts = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
+    return {
+        "ttft_s": timing.to_dict(),
+        "forward_s": Timing([p for p, _ in parts]).to_dict(),
+        "compress_s": Timing([c for _, c in parts]).to_dict(),
+        "peak_bytes": mem.peak,
+        "peak_delta_bytes": mem.peak - mem.baseline,
+    }
+
+
+def decode_estimate(single: PrefillResult, batch: int, steps: int, model) -> int:
+    """Bytes a decode cell at ``batch`` needs beyond the batch-1 state: cache + growth + logits."""
+    cache = single.cache
+    kv = cache.kv_bytes()
+    per_token = sum(layer.keys[:, :, :1].nbytes * 2 for layer in cache.layers)
+    logits = model.config.vocab_size * 4 * 3  # fp32 logits, argmax and sampling temporaries
+    return batch * (kv + per_token * (steps + 1) + logits) + 64 * 2**20
+
+
+def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
+                clock: Clock = time.perf_counter) -> dict:
+    """Greedy decoding of ``cfg.decode_tokens`` tokens for ``batch`` copies of a prefilled prompt."""
+    device = model.device
+    state = single.repeat(batch) if batch > 1 else single
+    widths = [layer.keys.shape[2] for layer in state.cache.layers]
+    first = state.logits.argmax(dim=-1)
+    steps = cfg.decode_tokens
+    kv_held = state.cache.kv_bytes()
+
+    def run():
+        for layer, width in zip(state.cache.layers, widths, strict=True):
+            layer.crop(width)  # forget the previous repeat's tokens: every repeat decodes the same steps
+        token = first
+        with DecodeStepper(model, state, steps) as step:
+            for t in range(steps):
+                token = step(token, t).argmax(dim=-1)
+        return None
+
+    with PeakMemory(device) as mem:
+        timing, _ = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
+    for layer, width in zip(state.cache.layers, widths, strict=True):
+        layer.crop(width)
+    return {
+        "decode_s": timing.to_dict(),
+        "tokens_per_s": batch * steps / timing.median,
+        "kv_bytes_kept": kv_held,
+        "kv_bytes_full": state.stats.kv_bytes_full,
+        "kept_per_layer": state.cache.kept_per_layer(),
+        "peak_bytes": mem.peak,
+        "peak_delta_bytes": mem.peak - mem.baseline,
+    }
+
+
+def e2e_cell(model, method, ids: Sequence[int], cfg: SpeedConfig, *, clock: Clock = time.perf_counter) -> dict:
+    """One prompt end to end: prefill + compress, then ``T - 1`` decode steps (``T`` new tokens).
+
+    The first new token comes from the prefill's logits, as in kvpress's pipeline, whose
+    question forward plays that part (:mod:`dapq.bench.peers`).
+    """
+    device = model.device
+    steps = cfg.decode_tokens
+
+    def run():
+        state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0))
+        token = state.logits.argmax(dim=-1)
+        with DecodeStepper(model, state, steps) as step:
+            for t in range(steps - 1):
+                token = step(token, t).argmax(dim=-1)
+        return None
+
+    timing, _ = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
+    return {"e2e_s": timing.to_dict()}
+
+
+# ---------------------------------------------------------------------------- prompts
+def prompt_ids(tokenizer, length: int, *, vocab_size: int, seed: int = 0) -> list[int]:
+    """``length`` prompt tokens: the shipped essays haystack, or seeded random ids without a tokenizer."""
+    if tokenizer is None:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randint(0, vocab_size, (length,), generator=gen).tolist()
+    from .tasks import haystack_text
+
+    ids = tokenizer(haystack_text("essays"), add_special_tokens=False)["input_ids"]
+    while len(ids) < length:
+        ids = ids + ids
+    return ids[:length]
+
+
+# ---------------------------------------------------------------------------- the sweep
+@dataclass
+class SpeedRun:
+    """One invocation of the speed benchmark: model, methods, config, and where results go."""
+
+    model: object
+    tokenizer: object
+    specs: list[MethodSpec]
+    store: ResultsStore
+    cfg: SpeedConfig
+    model_id: str
+    peer: Callable[..., list[dict]] | None = None
+    """``peer(ids, cfg) -> records`` (see :func:`dapq.bench.peers.run_kvpress`); None skips."""
+    session: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
+    clock: Clock = time.perf_counter
+    echo: Callable[[str], None] = print
+
+    def _base(self, cell: str, spec: MethodSpec | None, **fields) -> dict:
+        model = self.model
+        return {
+            "analysis": "speed", "taskset": "speed", "cell": cell, "model": self.model_id,
+            "device": str(model.device), "dtype": str(model.dtype).replace("torch.", ""),
+            "attn": model.config._attn_implementation, "threads": torch.get_num_threads(),
+            "label": spec.label if spec else None, "method": spec.name if spec else None,
+            "budget": None if spec is None or spec.name == "full" else self.cfg.budget, **fields,
+        }
+
+    def _key(self, base: dict) -> str:
+        cfg = self.cfg
+        return cell_key(**{k: v for k, v in base.items() if k != "threads"}, repeats=cfg.repeats,
+                        warmup=cfg.warmup, decode_tokens=cfg.decode_tokens)
+
+    def _save(self, base: dict, result: dict) -> dict:
+        record = {"key": self._key(base), "session": self.session, **base, **result}
+        self.store.append(record)
+        return record
+
+    def _ids(self, length: int) -> list[int]:
+        return prompt_ids(self.tokenizer, length, vocab_size=self.model.config.vocab_size)
+
+    def _guarded(self, base: dict, fn: Callable[[], dict]) -> dict:
+        """Run a cell, turning out-of-memory into an ``oom`` record."""
+        try:
+            result = fn()
+        except Exception as exc:  # only memory errors are results; anything else is a bug
+            if not is_oom(exc):
+                raise
+            _release(self.model.device)
+            result = {"oom": True, "error": str(exc).splitlines()[0][:200]}
+        return self._save(base, result)
+
+    def _limit(self) -> int | None:
+        if self.cfg.memory_limit is not None:
+            return self.cfg.memory_limit
+        if self.model.device.type != "cpu":
+            return None  # CUDA raises a catchable OutOfMemoryError
+        free = available_bytes()
+        return None if free is None else int(0.9 * free)
+
+    def run_ttft(self) -> None:
+        for length in self.cfg.lengths:
+            ids = self._ids(length)
+            for spec in self.specs:
+                base = self._base("ttft", spec, context=length, batch=1)
+                if self._key(base) in self.store:
+                    continue
+                self.echo(f"ttft {spec.label} length={length}")
+                method = spec.build(self.cfg.budget)
+                self._guarded(base, lambda m=method, p=ids: ttft_cell(self.model, m, p, self.cfg, clock=self.clock))
+
+    def run_decode(self) -> None:
+        ids = self._ids(self.cfg.context)
+        for spec in self.specs:
+            todo = []
+            for batch in self.cfg.batches:
+                base = self._base("decode", spec, context=self.cfg.context, batch=batch)
+                done = self.store.get(self._key(base))
+                if done is not None and done.get("oom"):
+                    break  # this method already ran out of memory at a smaller batch
+                if done is None:
+                    todo.append((batch, base))
+            if not todo:
+                continue
+            method = spec.build(self.cfg.budget)
+            single = prefill(self.model, method, make_batch(self.model, method, [ids], pad_id=0))
+            for batch, base in todo:
+                limit = self._limit()
+                need = decode_estimate(single, batch, self.cfg.decode_tokens, self.model)
+                self.echo(f"decode {spec.label} batch={batch}")
+                if limit is not None and need > limit:
+                    self._save(base, {"oom": True, "predicted": True, "need_bytes": need, "limit_bytes": limit})
+                    break
+                record = self._guarded(base, lambda b=batch, s=single: decode_cell(self.model, s, b, self.cfg,
+                                                                                   clock=self.clock))
+                if record.get("oom"):
+                    break
+            del single
+            _release(self.model.device)
+
+    def run_e2e(self) -> None:
+        ids = self._ids(self.cfg.context)
+        for spec in self.specs:
+            base = self._base("e2e", spec, context=self.cfg.context, batch=1)
+            if self._key(base) in self.store:
+                continue
+            self.echo(f"e2e {spec.label}")
+            method = spec.build(self.cfg.budget)
+            self._guarded(base, lambda m=method: e2e_cell(self.model, m, ids, self.cfg, clock=self.clock))
+
+    def run_peer(self) -> None:
+        if self.peer is None:
+            return
+        base = self._base("peer", None, context=self.cfg.context, batch=1, budget=self.cfg.budget)
+        if self._key(base) in self.store:
+            return
+        self.echo("kvpress peer rows")
+        records = self.peer(self._ids(self.cfg.context), self.cfg)
+        for rec in records:
+            self.store.append({"key": cell_key(parent=self._key(base), press=rec.get("label")),
+                               "session": self.session, **base, **rec})
+        # The marker record: the peer cells of this configuration are done.
+        self._save(base, {"label": None, "done": True, "rows": len(records)})
+
+    def run(self) -> None:
+        """Run the configured parts in order: cheap and decisive first (TTFT), the peer last."""
+        for part in self.cfg.parts:
+            getattr(self, f"run_{part}")()
