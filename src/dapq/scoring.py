@@ -121,22 +121,35 @@ def attention_scores(
     group = n_q_heads // n_kv_heads
     # Scores are always accumulated in fp32: in bf16 the small tail probabilities that decide the
     # last kept slots would be rounded away.
-    k32 = keys.float().unsqueeze(2)  # (B, Hkv, 1, S, d): GQA without materialising repeat_kv
+    k32 = keys.float().transpose(-1, -2)  # (B, Hkv, d, S)
     key_cols = torch.arange(n_keys, device=keys.device)
     query_cols = query_cols.to(keys.device)
+    all_keys_valid = bool(key_valid.all())
+    if query_valid is not None and bool(query_valid.all()):
+        query_valid = None  # an unpadded batch: plain reductions are cheaper than weighted ones
     acc = torch.zeros(bsz, n_kv_heads, group, n_scored, device=keys.device)
     for start in range(0, n_queries, block_size):
         stop = min(start + block_size, n_queries)
+        b = stop - start
         cols = query_cols[start:stop]
         # Keys after the block's last query are invisible to all of it: skip them, which halves
         # the work of H2O's causal column sums.
         horizon = min(n_keys, int(cols.max()) + 1)
-        q = queries[:, :, start:stop].float().view(bsz, n_kv_heads, group, stop - start, head_dim)
-        logits = torch.matmul(q, k32[..., :horizon, :].transpose(-1, -2)).mul_(scaling)  # (B, Hkv, G, b, h)
-        visible = key_valid[:, None, None, None, :horizon] & (key_cols[None, :horizon] <= cols[:, None])
-        probs = torch.softmax(logits.masked_fill_(~visible, float("-inf")), dim=-1)
-        # A query with no visible key (a padding query in H2O) gives NaN rows: zero them.
-        probs = probs.nan_to_num_(nan=0.0)[..., : min(n_scored, horizon)]
+        # GQA: fold the G query heads of a group into the query axis, so one plain batched matmul
+        # per KV head does the work (a broadcast over a group axis costs ~3x on the CPU) and no
+        # repeat_kv copy of the keys is made.
+        q = queries[:, :, start:stop].float().reshape(bsz, n_kv_heads, group * b, head_dim)
+        logits = torch.matmul(q, k32[..., :horizon]).mul_(scaling).view(bsz, n_kv_heads, group, b, horizon)
+        # Masking costs as much as the softmax; skip it when every query of the block sees every
+        # key (DapQ's pseudo queries over the keys of an unpadded prompt).
+        masked = not all_keys_valid or int(cols.min()) < horizon - 1
+        if masked:
+            visible = key_valid[:, None, None, None, :horizon] & (key_cols[None, :horizon] <= cols[:, None])
+            logits.masked_fill_(~visible, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if masked:
+            probs.nan_to_num_(nan=0.0)  # a query with no visible key (H2O's padding queries) gives NaN rows
+        probs = probs[..., : min(n_scored, horizon)]
         width = probs.shape[-1]
         if query_valid is not None:
             qv = query_valid[:, start:stop].to(probs.dtype)
