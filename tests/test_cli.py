@@ -60,6 +60,7 @@ def test_generate_plain_text(capsys, model_dir, tmp_path):
     (["--method", "streamingllm", "--budget", "8", "--window", "4"], "no window"),
     (["--budget", "8", "--content", "nonsense"], "content"),
     (["--method", "snapkv"], "--budget or --ratio"),
+    (["--budget", "8", "--preset", "nope"], "no preset"),
     (["--no-such-flag"], "no-such-flag"),
 ])
 def test_bad_options(capsys, model_dir, args, needle):
@@ -97,6 +98,8 @@ def test_missing_model_dir(capsys):
     (["longbench", "--data", "/no/such/dir"], "no such data directory"),
     (["niah", "--budgets", "64,abc"], "budgets must be integers"),
     (["niah", "--methods", "full,bogus"], "unknown method"),
+    (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
+    (["niah", "--decode-batch", "0"], "--decode-batch"),
 ])
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))

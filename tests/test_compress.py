@@ -58,6 +58,10 @@ def test_budget_at_least_prompt_is_exactly_fullkv(any_model, name):
 @pytest.mark.parametrize("name,kw", [
     ("dapq", {}),
     ("dapq", {"content": "random_vocab", "keep_recent": 4, "normalize": "all"}),
+    ("dapq", {"layer_budget": "pyramid", "keep_recent": 4, "group_reduce": "max", "query_reduce": "max"}),
+    ("dapq_hybrid", {"keep_recent": 4}),
+    ("deferkv", {}),
+    ("deferkv", {"steps": 3, "prompt_window": 0, "keep_recent": 0}),
     ("snapkv", {}),
     ("pyramidkv", {}),
     ("h2o", {}),
@@ -180,7 +184,7 @@ def test_cache_bytes_match_budget_formula(llama, name):
     assert state.cache.get_seq_length() == lp  # logical length: positions continue at Lp
 
 
-@pytest.mark.parametrize("name", ["dapq", "snapkv", "h2o", "streamingllm", "lacache"])
+@pytest.mark.parametrize("name", ["dapq", "dapq_hybrid", "deferkv", "snapkv", "h2o", "streamingllm", "lacache"])
 def test_posthoc_compress_matches_prefill(llama, name):
     """compress() on someone else's prefilled DynamicCache keeps the same tokens as prefill()."""
     prompts = [random_prompt(n, seed=40 + n) for n in (50, 36)]
@@ -201,6 +205,25 @@ def test_posthoc_compress_matches_prefill(llama, name):
         )
     if name in ("snapkv", "h2o"):
         torch.testing.assert_close(post.logits, state.logits, atol=1e-4, rtol=1e-4)
+
+
+def test_deferkv_with_decoding_queries_only_is_the_oracle(llama):
+    """DeferKV scoring with T real decoding queries alone keeps exactly the oracle's top-K.
+
+    The oracle gets its T tokens from transformers' own generate() and scores them in a second
+    prefill; DeferKV decodes them over its own prefill cache. Same queries, same keep set.
+    """
+    llama.generation_config.eos_token_id = None
+    prompt = random_prompt(80, seed=14)
+    defer = build("deferkv", budget=12, steps=4, prompt_window=0, keep_recent=0, kernel=1)
+    oracle = build("oracle", budget=12, window=4)
+    kept = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0)).cache.layouts for m in (defer, oracle)]
+    for a, b in zip(*kept, strict=True):
+        assert torch.equal(a.kept_indices, b.kept_indices)
+    # The prompt window changes the choice, so the equality above is not vacuous.
+    mixed = prefill(llama, build("deferkv", budget=12, steps=4, kernel=1),
+                    make_batch(llama, defer, [prompt], pad_id=0)).cache.layouts
+    assert any(not torch.equal(a.kept_indices, b.kept_indices) for a, b in zip(mixed, kept[1], strict=True))
 
 
 def test_small_budget_keeps_newest_part_of_window(llama):

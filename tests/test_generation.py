@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dapq.errors import ConfigError
-from dapq.generation import SamplingConfig, encode_prompts, generate
+from dapq.generation import DecodeStepper, SamplingConfig, encode_prompts, generate, generate_many
+from dapq.methods import build
+
+from conftest import random_prompt
 
 
 def test_chat_encoding_adds_template_and_prefix(tokenizer):
@@ -45,3 +49,39 @@ def test_stop_on_eos_and_stop_strings(llama, tokenizer):
 def test_bad_sampling_config(bad):
     with pytest.raises(ConfigError):
         SamplingConfig(**bad)
+
+
+def test_generate_many_equals_one_prefill_per_method(llama, tokenizer):
+    """One shared prefill + compress() per method + stacked decoding = each method's own run."""
+    prompt = random_prompt(70, seed=3)
+    methods = [build("full"), build("dapq", budget=16), build("dapq", budget=16, keep_recent=4, content="random_vocab"),
+               build("snapkv", budget=16), build("pyramidkv", budget=16), build("h2o", budget=24),
+               build("streamingllm", budget=16), build("lacache", budget=16), build("snapkv", budget=100)]
+    many = generate_many(llama, tokenizer, prompt, methods, max_new_tokens=8, max_batch=2)
+    outputs = set()
+    for method, got in zip(methods, many, strict=True):
+        alone = generate(llama, tokenizer, [""], method, prompt_ids=[prompt], max_new_tokens=8)[0]
+        assert got.token_ids == alone.token_ids, method.config()
+        assert got.kept_tokens_per_head == alone.kept_tokens_per_head
+        assert got.kv_bytes_kept == alone.kv_bytes_kept and got.config == alone.config
+        outputs.add(tuple(got.token_ids))
+    assert len(outputs) > 3  # the methods disagree, so equality above is not trivial
+
+
+def test_stacked_states_decode_like_each_alone(llama):
+    from dapq.compress import PrefillResult, make_batch, prefill
+
+    from helpers import compressed_logits
+
+    prompt = random_prompt(50, seed=4)
+    states = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0))
+              for m in (build("dapq", budget=12), build("snapkv", budget=12), build("streamingllm", budget=12))]
+    stacked = PrefillResult.stack(states)
+    assert stacked.cache.layers[0].keys.shape[0] == 3 and stacked.batch.width == 50
+    tokens = [5, 9, 17]
+    with DecodeStepper(llama, stacked, len(tokens)) as step:
+        together = torch.stack([step(torch.tensor([t] * 3), i) for i, t in enumerate(tokens)], dim=1)
+    for row, state in enumerate(states):
+        torch.testing.assert_close(together[row], compressed_logits(llama, state, tokens), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="same prompt width"):
+        PrefillResult.stack([states[0], prefill(llama, build("full"), make_batch(llama, build("full"), [prompt], pad_id=0))])

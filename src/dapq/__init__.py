@@ -1,7 +1,8 @@
 """dapq: KV-cache compression for Hugging Face causal LMs.
 
 DapQ (position-aware pseudo queries, Tian et al. 2026) next to FullKV, SnapKV, PyramidKV, H2O,
-StreamingLLM, LaCache and a random floor, as real one-shot eviction after prefill.
+StreamingLLM, LaCache and a random floor, as real one-shot eviction after prefill; plus two
+decoding-aligned variants (``dapq_hybrid``, ``deferkv``) and an analysis-only oracle.
 
 >>> import dapq
 >>> model, tok = dapq.load_model()                       # embedded SmolLM2-135M-Instruct
@@ -13,7 +14,7 @@ StreamingLLM, LaCache and a random floor, as real one-shot eviction after prefil
 from .cache import CompressedCache
 from .compress import PrefillResult, PromptBatch, compress, make_batch, prefill
 from .errors import ConfigError, DapqError, UnsupportedModelError
-from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate
+from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate, generate_many
 from .methods import Method, available, build
 from .models import SUPPORTED_MODEL_TYPES, load_model
 
@@ -36,6 +37,7 @@ __all__ = [
     "decode",
     "encode_prompts",
     "generate",
+    "generate_many",
     "load_model",
     "make_batch",
     "prefill",

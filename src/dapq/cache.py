@@ -94,26 +94,55 @@ class CompressedCache(DynamicCache):
         The speed benchmark uses it to measure decoding at batch ``n`` without ``n`` prefills:
         decode cost depends on the cache's shape, not on its values.
         """
-        out = CompressedCache()
-        out.prompt_width = self.prompt_width
-        out.prompt_lengths = None if self.prompt_lengths is None else self.prompt_lengths.repeat(n)
-        out.layouts = [
-            LayerLayout(None if lay.kept_indices is None else lay.kept_indices.repeat(n, 1, 1),
-                        lay.pad_slots.repeat(n), lay.width)
-            for lay in self.layouts
-        ]
+        return CompressedCache.stack([self] * n)
+
+    @classmethod
+    def stack(cls, caches: list[CompressedCache]) -> CompressedCache:
+        """One batch made of the rows of several caches with the same per-layer widths.
+
+        Sweeps use it to decode many methods' caches of one prompt together (see
+        :func:`dapq.generation.generate_many`): each row keeps its own kept slots and padding.
+        """
+        first = caches[0]
+        widths = first.kept_per_layer()
+        if any(c.kept_per_layer() != widths or c.prompt_width != first.prompt_width for c in caches):
+            raise ValueError("only caches with the same prompt width and per-layer widths can be stacked")
+        out = cls()
+        out.prompt_width = first.prompt_width
+        out.prompt_lengths = torch.cat([c.prompt_lengths for c in caches])
+        out.layouts = []
+        for i, width in enumerate(widths):
+            lays = [c.layouts[i] for c in caches]
+            indices = None
+            if any(lay.kept_indices is not None for lay in lays):
+                # A layer that evicted nothing holds every column in order.
+                indices = torch.cat([lay.kept_indices if lay.kept_indices is not None else
+                                     torch.arange(width, device=lay.pad_slots.device).expand(
+                                         len(lay.pad_slots), caches[k].layers[i].keys.shape[1], -1)
+                                     for k, lay in enumerate(lays)])
+            out.layouts.append(LayerLayout(indices, torch.cat([lay.pad_slots for lay in lays]), width))
         out.layers = []
-        for layer in self.layers:
+        for i, layer in enumerate(first.layers):
             new = copy.copy(layer)
-            new.keys, new.values = layer.keys.repeat(n, 1, 1, 1), layer.values.repeat(n, 1, 1, 1)
+            new.keys = torch.cat([c.layers[i].keys for c in caches])
+            new.values = torch.cat([c.layers[i].values for c in caches])
             out.layers.append(new)
-        out.stats = replace(self.stats, kv_bytes_full=self.stats.kv_bytes_full * n,
-                            kv_bytes_kept=self.stats.kv_bytes_kept * n, budgets=self.stats.budgets * n)
+        out.stats = replace(first.stats, kv_bytes_full=sum(c.stats.kv_bytes_full for c in caches),
+                            kv_bytes_kept=sum(c.stats.kv_bytes_kept for c in caches),
+                            budgets=[row for c in caches for row in c.stats.budgets])
         return out
 
     def kv_bytes(self) -> int:
         """Bytes held by keys and values of every layer right now."""
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized)
+
+
+def clone_cache(cache: DynamicCache) -> DynamicCache:
+    """An independent plain copy of a cache's keys and values (compression mutates what it is given)."""
+    out = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        out.update(layer.keys.clone(), layer.values.clone(), i)
+    return out
 
 
 @dataclass

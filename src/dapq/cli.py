@@ -36,12 +36,13 @@ def method_from_options(
     ratio: float | None = None,
     window: int | None = None,
     content: str | None = None,
+    preset: str | None = None,
 ):
     """Build a method from CLI-style options, rejecting options the method does not take."""
     from .methods import build, method_class
 
     cls = method_class(name)
-    params: dict = {}
+    params: dict = {} if preset is None else {"preset": preset}
     if budget is not None:
         params["budget"] = budget
     if ratio is not None:
@@ -86,6 +87,7 @@ def generate(
     ratio: float = typer.Option(None, "--ratio", help="Fraction of the prompt kept, in (0, 1)."),
     window: int = typer.Option(None, "--window", help="DapQ pseudo tokens N / SnapKV and H2O window."),
     content: str = typer.Option(None, "--content", help="DapQ pseudo content (or text:YOUR TEXT)."),
+    preset: str = typer.Option(None, "--preset", help="A named parameter set of the method (dapq: paper)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     answer_prefix: str = typer.Option(None, "--answer-prefix", help="Text after the generation prompt."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens to generate."),
@@ -102,7 +104,8 @@ def generate(
     """Compress the prompt's KV cache with one method and generate."""
     if ratio is not None and budget is not None:
         raise ConfigError("give --budget or --ratio, not both")
-    chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content)
+    chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
+                                 preset=preset)
     text = _read_prompt(prompt, prompt_file)
     from .generation import SamplingConfig
     from .generation import generate as run
@@ -150,6 +153,11 @@ def bench(
     tasks: str = typer.Option("", "--tasks", help="Subset of the task set's tasks (comma list)."),
     data: str = typer.Option(None, "--data", help="Local data directory (longbench, longbench-v2, helmet), or 'hub'."),
     haystack: str = typer.Option("essays", "--haystack", help="essays, held_out or noise."),
+    shared_prefill: bool = typer.Option(True, "--shared-prefill/--prefill-per-cell", help="One FullKV prefill "
+                                        "per prompt, compressed per method (same outputs, faster), or one "
+                                        "prefill per cell."),
+    decode_batch: int = typer.Option(8, "--decode-batch", help="Cells of one prompt decoded together "
+                                     "(with --shared-prefill)."),
     dtype: str = typer.Option("float32", "--dtype"),
     device: str = typer.Option(None, "--device"),
 ) -> None:
@@ -166,8 +174,8 @@ def bench(
         depth_list = tuple(float(x) for x in depths.split(",") if x.strip())
     except ValueError:
         raise ConfigError("--lengths must be integers and --depths numbers") from None
-    if samples < 1:
-        raise ConfigError("--samples must be >= 1")
+    if samples < 1 or decode_batch < 1:
+        raise ConfigError("--samples and --decode-batch must be >= 1")
     store = ResultsStore(out)  # a foreign or corrupt file fails here, before any work
     _quiet_transformers()
     from .models import load_model
@@ -177,7 +185,8 @@ def bench(
                     tasks=tuple(t for t in tasks.split(",") if t), haystack=haystack,
                     max_context=getattr(lm.config, "max_position_embeddings", None))
     sample_list = build_samples(taskset, tokenizer, args)
-    run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m")
+    run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
+              shared_prefill=shared_prefill, decode_batch=decode_batch)
     header, rows = table(list(store), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
 

@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from .cache import CompressedCache, CompressionStats, LayerLayout
 from .errors import ConfigError, DapqError
 from .methods.base import LayerContext, Method
+from .methods.full import FullKV
 from .models import AttentionHooks, attention_modules, check_supported
 from .scoring import project_queries
 
@@ -47,8 +48,32 @@ class PromptBatch:
 
     def repeat(self, n: int) -> PromptBatch:
         """Every row ``n`` times (see :meth:`PrefillResult.repeat`)."""
-        return PromptBatch(self.input_ids.repeat(n, 1), self.attention_mask.repeat(n, 1),
-                           self.position_ids.repeat(n, 1), self.prompt_lengths.repeat(n), self.width)
+        return PromptBatch.stack([self] * n)
+
+    def with_tokens(self, tokens: Tensor) -> PromptBatch:
+        """The prompt columns followed by ``tokens`` (B, T) at each row's positions Lp, Lp+1, ..."""
+        width = self.width
+        steps = torch.arange(tokens.shape[1], device=tokens.device)
+        return PromptBatch(
+            input_ids=torch.cat([self.input_ids[:, :width], tokens], dim=1),
+            attention_mask=torch.cat([self.attention_mask[:, :width], torch.ones_like(tokens)], dim=1),
+            position_ids=torch.cat([self.position_ids[:, :width], self.prompt_lengths[:, None] + steps], dim=1),
+            prompt_lengths=self.prompt_lengths,
+            width=width,
+        )
+
+    @classmethod
+    def stack(cls, batches: list[PromptBatch]) -> PromptBatch:
+        """The prompt columns of batches of the same padded width, as one batch.
+
+        Extra (pseudo) columns are dropped: they differ between methods and are evicted anyway.
+        """
+        width = batches[0].width
+        if any(b.width != width for b in batches):
+            raise ValueError("only batches of the same padded width can be stacked")
+        cat = lambda name: torch.cat([getattr(b, name)[:, :width] for b in batches])  # noqa: E731
+        return cls(cat("input_ids"), cat("attention_mask"), cat("position_ids"),
+                   torch.cat([b.prompt_lengths for b in batches]), width)
 
 
 @dataclass
@@ -66,8 +91,14 @@ class PrefillResult:
 
     def repeat(self, n: int) -> PrefillResult:
         """The same state with every row ``n`` times: a batch-``n`` decode without ``n`` prefills."""
-        logits = None if self.logits is None else self.logits.repeat(n, 1)
-        return PrefillResult(cache=self.cache.repeat_batch(n), logits=logits, batch=self.batch.repeat(n))
+        return PrefillResult.stack([self] * n)
+
+    @classmethod
+    def stack(cls, states: list[PrefillResult]) -> PrefillResult:
+        """Several states with the same per-layer cache widths as one batch (rows in order)."""
+        logits = None if any(s.logits is None for s in states) else torch.cat([s.logits for s in states])
+        return cls(cache=CompressedCache.stack([s.cache for s in states]), logits=logits,
+                   batch=PromptBatch.stack([s.batch for s in states]))
 
 
 def make_batch(
@@ -80,7 +111,7 @@ def make_batch(
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     rows, masks, positions = [], [], []
-    extra = method.window if method.query_source == "pseudo" else 0
+    extra = method.extra_tokens
     for ids in prompts:
         pad = width - len(ids)
         row, mask, pos = [pad_id] * pad + list(ids), [0] * pad + [1] * len(ids), [0] * pad + list(range(len(ids)))
@@ -269,6 +300,45 @@ def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, firs
     return PrefillResult(cache=cache, logits=logits, batch=batch)
 
 
+def _lookahead_tokens(model, state: PrefillResult, steps: int) -> Tensor:
+    """The first ``steps`` greedy tokens (B, T) of each row over a full cache, left as it was."""
+    from .generation import DecodeStepper  # generation builds on this module
+
+    token = state.logits.argmax(dim=-1)
+    tokens = [token]
+    if steps > 1:
+        widths = [layer.keys.shape[2] for layer in state.cache.layers]
+        with DecodeStepper(model, state, steps - 1) as step:
+            for t in range(steps - 1):
+                token = step(token, t).argmax(dim=-1)
+                tokens.append(token)
+        for layer, width in zip(state.cache.layers, widths, strict=True):
+            layer.crop(width)
+    return torch.stack(tokens, dim=1)
+
+
+def _deferred(model, method: Method, batch: PromptBatch, cache: CompressedCache, logits: Tensor,
+              observer=None) -> PrefillResult:
+    """Eviction after the first real decoding steps (DeferKV) on a full prompt cache.
+
+    The method's ``lookahead`` greedy tokens are decoded over the full cache, then the prompt's
+    last ``prompt_queries`` tokens and those tokens are replayed at their real positions with the
+    eviction hooks, exactly as DapQ's pseudo tokens are.
+    """
+    start = time.perf_counter()
+    tokens = _lookahead_tokens(model, PrefillResult(cache, logits, batch), method.lookahead)
+    _sync(model)
+    lookahead_s = time.perf_counter() - start
+    first = batch.width - method.prompt_queries(batch.width)
+    out = CompressedCache()
+    out.layers = list(cache.layers)
+    for layer in out.layers:
+        layer.crop(first)
+    state = _run(model, method, batch.with_tokens(tokens), out, first, observer)
+    state.stats.prefill_s += lookahead_s
+    return PrefillResult(state.cache, logits, batch)
+
+
 @torch.no_grad()
 def prefill(model, method: Method, batch: PromptBatch, *, observer=None) -> PrefillResult:
     """Prefill ``batch`` once, evicting layer by layer; return the cache and first-token logits.
@@ -276,8 +346,15 @@ def prefill(model, method: Method, batch: PromptBatch, *, observer=None) -> Pref
     For DapQ the batch already carries the pseudo tokens; the logits are taken at the last
     *prompt* column (position Lp-1), which causality makes identical to a plain prefill.
     ``observer(ctx)``, if given, sees each layer's :class:`LayerContext` before selection.
+    Methods with a ``lookahead`` (DeferKV) prefill without eviction, then evict once their
+    decoding steps have run.
     """
     check_supported(model)
+    if method.lookahead and method.evicts:
+        plain = _run(model, _NO_EVICTION, batch, CompressedCache(), first=0)
+        state = _deferred(model, method, batch, plain.cache, plain.logits, observer)
+        state.stats.prefill_s += plain.stats.prefill_s
+        return state
     return _run(model, method, batch, CompressedCache(), first=0, observer=observer)
 
 
@@ -300,6 +377,9 @@ def compress(
     - ``streamingllm``, ``lacache``, ``random``, ``full``: no forward pass at all;
     - ``dapq``: one forward of the N pseudo tokens on top of the full cache;
     - ``snapkv``, ``pyramidkv``: the last W prompt tokens are cropped and re-run;
+    - ``dapq_hybrid``: the last W prompt tokens and the N pseudo tokens;
+    - ``deferkv``: the last prompt token (for the first token), T-1 decode steps, then the last
+      W prompt tokens and the T decoded tokens;
     - ``h2o``: needs every prompt query, so the prompt is re-run.
 
     ``logits`` of the result are the next-token logits when prompt tokens were re-run, else None
@@ -319,15 +399,24 @@ def compress(
     batch = make_batch(model, method, prompts, pad_id=pad_id, tokenizer=tokenizer)
     out_cache = CompressedCache()
     out_cache.layers = list(cache.layers)
-    if method.query_source == "none" or not method.evicts:
-        first = batch.input_ids.shape[1]  # nothing to replay: score from the cache alone
-    elif method.query_source == "pseudo":
-        first = width  # run only the pseudo tokens, on top of the full prompt cache
-    else:
-        first = width - (width if method.query_source == "all" else method.num_queries(width))
+    if method.lookahead and method.evicts:
+        # Replay the last prompt token for the first-token logits, then decode and evict.
         for layer in out_cache.layers:
-            layer.crop(first)  # re-run the observation tokens to recompute their queries
+            layer.crop(width - 1)
+        plain = _run(model, _NO_EVICTION, batch, out_cache, width - 1)
+        return _deferred(model, method, batch, plain.cache, plain.logits, observer)
+    if not method.evicts or method.num_queries(width) == 0:
+        first = batch.input_ids.shape[1]  # nothing to replay: score from the cache alone
+    else:
+        # Re-run the prompt tokens whose queries the method observes (none for DapQ, the last W
+        # for SnapKV, all of them for H2O), then its extra tokens, on top of the rest.
+        first = width - method.prompt_queries(width)
+        for layer in out_cache.layers:
+            layer.crop(first)
     return _run(model, method, batch, out_cache, first, observer)
+
+
+_NO_EVICTION = FullKV()
 
 
 def _esize(model) -> int:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .cache import CompressedCache
-from .compress import PrefillResult, make_batch, prefill
+from .cache import CompressedCache, clone_cache
+from .compress import PrefillResult, compress, make_batch, prefill
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
@@ -300,6 +300,13 @@ def generate(
     state.stats.prefill_s += batch_s
     ids, reasons, decode_s = decode(model, tokenizer, state, sampling)
     stats = state.stats
+    return _results(model, tokenizer, state, [method] * len(rows), rows, ids, reasons, decode_s, sampling,
+                    prefill_s=[stats.prefill_s] * len(rows), compress_s=[stats.compress_s] * len(rows))
+
+
+def _results(model, tokenizer, state: PrefillResult, methods: Sequence[Method], rows, ids, reasons, decode_s: float,
+             sampling: SamplingConfig, *, prefill_s: Sequence[float], compress_s: Sequence[float]):
+    """One :class:`GenerationResult` per row of a decoded batch."""
     eos = eos_token_ids(model, tokenizer)
     n_new = sum(len(r) for r in ids)
     keys = state.cache.layers[0].keys
@@ -313,17 +320,78 @@ def generate(
                 text=_text(tokenizer, row, eos, sampling.stop),
                 token_ids=row,
                 prompt_tokens=len(rows[b]),
-                method=method.name,
-                budget=method.budget,
+                method=methods[b].name,
+                budget=methods[b].budget,
                 kept_tokens_per_head=kept,
                 kv_bytes_full=token_bytes * len(rows[b]) * len(kept),
                 kv_bytes_kept=token_bytes * sum(kept),
-                prefill_s=stats.prefill_s,
-                compress_s=stats.compress_s,
+                prefill_s=prefill_s[b],
+                compress_s=compress_s[b],
                 decode_s=decode_s,
                 decode_tokens_per_s=n_new / decode_s if decode_s > 0 else 0.0,
                 finish_reason=reasons[b],
-                config=method.config(),
+                config=methods[b].config(),
             )
         )
+    return results
+
+
+@torch.no_grad()
+def generate_many(
+    model,
+    tokenizer,
+    prompt_ids: Sequence[int],
+    methods: Sequence[Method],
+    sampling: SamplingConfig | None = None,
+    *,
+    max_batch: int = 8,
+    **sampling_kwargs,
+) -> list[GenerationResult]:
+    """Every method on one prompt, at the cost of one prefill: what accuracy sweeps need.
+
+    The prompt is prefilled once with FullKV; each method then compresses a copy of that cache
+    with :func:`~dapq.compress.compress` (which replays only the queries the method needs: the
+    N pseudo tokens for DapQ, the last W prompt tokens for SnapKV, nothing for StreamingLLM).
+    Causality makes every kept K/V and the first-token logits the same as in the method's own
+    prefill, so each row's output equals :func:`generate` with that method, up to float
+    rounding. The compressed caches with equal per-layer widths are then decoded together, up
+    to ``max_batch`` rows at a time.
+
+    ``prefill_s`` of every result is the shared FullKV prefill plus the method's own replay;
+    for per-method timings use ``dapq bench speed``.
+    """
+    sampling = sampling or SamplingConfig(**sampling_kwargs)
+    if max_batch < 1:
+        raise ConfigError("max_batch must be >= 1")
+    row = list(prompt_ids)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and len(row) + sampling.max_new_tokens > limit:
+        raise DapqError(f"prompt of {len(row)} tokens + {sampling.max_new_tokens} new tokens exceeds the "
+                        f"model's context of {limit}")
+    full = build("full")
+    base = prefill(model, full, make_batch(model, full, [row], pad_id=pad_token_id(tokenizer)))
+    input_ids = base.batch.input_ids
+    states, prefill_s, compress_s = [], [], []
+    for method in methods:
+        start = time.perf_counter()
+        state = compress(model, clone_cache(base.cache), method, input_ids, tokenizer=tokenizer)
+        replay = time.perf_counter() - start - state.stats.compress_s
+        # The first new token comes from the logits at Lp-1, the same for every method.
+        states.append(PrefillResult(state.cache, base.logits, state.batch))
+        prefill_s.append(base.stats.prefill_s + replay)
+        compress_s.append(state.stats.compress_s)
+    results: list[GenerationResult | None] = [None] * len(methods)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, state in enumerate(states):
+        groups.setdefault(tuple(state.cache.kept_per_layer()), []).append(i)
+    for members in groups.values():
+        for start in range(0, len(members), max_batch):
+            chunk = members[start : start + max_batch]
+            stacked = PrefillResult.stack([states[i] for i in chunk])
+            ids, reasons, decode_s = decode(model, tokenizer, stacked, sampling)
+            out = _results(model, tokenizer, stacked, [methods[i] for i in chunk], [row] * len(chunk), ids, reasons,
+                           decode_s, sampling, prefill_s=[prefill_s[i] for i in chunk],
+                           compress_s=[compress_s[i] for i in chunk])
+            for i, result in zip(chunk, out, strict=True):
+                results[i] = result
     return results

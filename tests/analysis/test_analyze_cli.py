@@ -66,7 +66,7 @@ def test_ablation_with_accuracy(capsys, model_dir, tmp_path):
                          "--steps", "4", "--out", str(tmp_path))
     assert code == 0, err
     assert len(_records(tmp_path / "c")) == 5 * 7  # 5 prompts x 7 position variants
-    assert "dapq(inside_part=1)" in out and "| full | all |" in out
+    assert "dapq(preset='paper',inside_part=1)" in out and "| full | all |" in out
 
 
 def test_bad_ablation_part(capsys, model_dir, tmp_path):

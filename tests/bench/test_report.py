@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dapq.bench.report import render, table
+from dapq.bench.report import length_table, render, table
 from dapq.bench.store import ResultsStore
 
 FIX = Path(__file__).parent / "fixtures" / "sweep"
@@ -52,3 +52,18 @@ def test_longbench_v2_split_columns():
                            "longbench-v2:short"]
     assert rows[0][2:7] == ["50.0", "100.0", "0.0", "0.0", "100.0"]
     assert rows[0][7] == "50.0"  # the average counts the overall column only, not the splits
+
+
+def test_length_table_averages_tasks_per_length():
+    def rec(label, budget, task, length, score):
+        return {"key": f"{label}{budget}{task}{length}", "taskset": "ruler", "task": task, "label": label,
+                "budget": budget, "score": score, "kv_bytes_full": 10, "kv_bytes_kept": 10,
+                "meta": {"length": length}}
+
+    records = [rec("full", None, "vt", 2000, 1.0), rec("full", None, "cwe", 2000, 0.5),
+               rec("full", None, "vt", 4000, 0.0), rec("dapq", 64, "vt", 2000, 1.0)]
+    header, rows = length_table(records, "ruler")
+    assert header == ["method", "budget", "2000 tok", "4000 tok", "avg"]
+    assert rows[0] == ["full", "all", "75.0", "0.0", "37.5"]
+    assert rows[1] == ["dapq", "64", "100.0", "-", "100.0"]
+    assert length_table(records[:2], "ruler") is None  # one length: nothing to split

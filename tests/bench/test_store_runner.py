@@ -58,35 +58,57 @@ def test_parse_methods_and_budgets():
             parse_methods(bad)
 
 
-def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch):
+@pytest.mark.parametrize("shared", [False, True])
+def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch, shared):
     model = tiny_model("llama", max_position_embeddings=1024)
     samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 1.0)))
     methods, budgets = parse_methods("full,dapq,snapkv"), [16, 32]
-    n_cells = len(samples) * (1 + 2 * len(budgets))
+    per_sample = 1 + 2 * len(budgets)
+    n_cells = len(samples) * per_sample
+    # Per-cell runs call generate() once a cell; shared-prefill runs call generate_many() once a prompt.
+    name, dies_at, finished = ("generate_many", 2, per_sample) if shared else ("generate", 4, 3)
     calls = {"n": 0}
-    real = runner.generate
+    real = getattr(runner, name)
 
-    def dying_generate(*args, **kwargs):
+    def dying(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt  # the user pressed Ctrl-C during the 4th cell
+        if calls["n"] == dies_at:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "generate", dying_generate)
+    monkeypatch.setattr(runner, name, dying)
     store = ResultsStore(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False)
-    assert len(ResultsStore(tmp_path)) == 3  # the three finished cells are on disk
-    monkeypatch.setattr(runner, "generate", real)
+        run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
+                  shared_prefill=shared)
+    assert len(ResultsStore(tmp_path)) == finished  # what finished before the kill is on disk
+    monkeypatch.setattr(runner, name, real)
     store = ResultsStore(tmp_path)
-    ran = run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False)
-    assert ran == n_cells - 3 and len(store) == n_cells
+    ran = run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
+                    shared_prefill=shared)
+    assert ran == n_cells - finished and len(store) == n_cells
     assert run_sweep(model, tokenizer, samples, methods, budgets, ResultsStore(tmp_path), model_id="tiny",
-                     show_progress=False) == 0
+                     show_progress=False, shared_prefill=shared) == 0
     record = next(iter(store))
     for key in ("model", "config", "task", "sample_id", "prediction", "references", "score", "prefill_s",
                 "compress_s", "kv_bytes_full", "kv_bytes_kept"):
         assert key in record
+    assert record["shared_prefill"] is shared
+
+
+def test_shared_prefill_sweep_equals_one_prefill_per_cell(tmp_path, tokenizer):
+    model = tiny_model("llama", max_position_embeddings=1024)
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 0.5, 1.0)))
+    methods = parse_methods("full,dapq,dapq(keep_recent=4),snapkv,pyramidkv,h2o,streamingllm,lacache")
+    runs = {}
+    for shared in (False, True):
+        store = ResultsStore(tmp_path / str(shared))
+        run_sweep(model, tokenizer, samples, methods, [16, 40], store, model_id="tiny", show_progress=False,
+                  shared_prefill=shared, decode_batch=3)
+        runs[shared] = {r["key"]: (r["prediction"], r["kv_bytes_kept"]) for r in store}
+    assert len(runs[True]) == len(samples) * (1 + 7 * 2)
+    assert runs[True] == runs[False]
+    assert len({p for p, _ in runs[True].values()}) > 3  # the methods really disagree: the check has teeth
 
 
 def test_unknown_taskset_and_too_long(tokenizer):

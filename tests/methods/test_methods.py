@@ -8,8 +8,8 @@ import pytest
 
 from dapq.errors import ConfigError
 from dapq.methods import available, build
+from dapq.methods.budgets import pyramid_budgets
 from dapq.methods.lacache import ladder_shape
-from dapq.methods.pyramidkv import pyramid_budgets
 
 
 @pytest.mark.parametrize("name", available())
@@ -81,3 +81,49 @@ def test_dapq_positions():
     assert build("dapq", budget=8).pseudo_positions(100) == list(range(100, 132))
     assert build("dapq", budget=8, position_offset=32).pseudo_positions(100)[0] == 132
     assert build("dapq", budget=8, inside_part=2).pseudo_positions(99)[0] == 33
+
+
+def _kept(model, method, prompt):
+    from dapq.compress import make_batch, prefill
+
+    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0))
+    return [layout.kept_indices for layout in state.cache.layouts]
+
+
+def test_dapq_hybrid_spans_dapq_and_snapkv(llama):
+    """The hybrid's mixing weight interpolates between two independent implementations."""
+    import torch
+
+    from conftest import random_prompt
+
+    prompt = random_prompt(90, seed=13)
+    dapq_only = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=0.0), prompt)
+    snap_only = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=1.0, keep_recent=8), prompt)
+    mixed = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=0.5, keep_recent=8), prompt)
+    assert all(torch.equal(a, b) for a, b in zip(dapq_only, _kept(llama, build("dapq", budget=20), prompt), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(snap_only, _kept(llama, build("snapkv", budget=20), prompt), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(mixed, snap_only, strict=True))
+    assert build("dapq_hybrid", budget=8, prompt_window=4).num_queries(90) == 36
+    for bad in (dict(prompt_window=0), dict(prompt_weight=1.5)):
+        with pytest.raises(ConfigError):
+            build("dapq_hybrid", budget=8, **bad)
+
+
+def test_dapq_pyramid_layer_budget():
+    flat = build("dapq", budget=64)
+    pyramid = build("dapq", budget=64, keep_recent=8, layer_budget="pyramid")
+    assert flat.layer_budgets(1000, 30) == [64] * 30
+    assert pyramid.layer_budgets(1000, 30) == pyramid_budgets(64, 8, 1000, 30)
+    with pytest.raises(ConfigError):
+        build("dapq", budget=64, layer_budget="steep")
+
+
+def test_presets():
+    paper = build("dapq", budget=64, preset="paper")
+    assert (paper.content, paper.prefix, paper.keep_recent, paper.window, paper.kernel) == ("prefix_suffix", None, 0, 32, 7)
+    assert paper.split("llama") == (8, 24) and paper.split("qwen3") == (2, 30)  # Table 10 of the paper
+    assert build("dapq", budget=64, preset="paper", keep_recent=8).keep_recent == 8  # explicit wins
+    with pytest.raises(ConfigError, match="no preset"):
+        build("dapq", budget=64, preset="nope")
+    with pytest.raises(ConfigError, match="no preset"):
+        build("snapkv", budget=64, preset="paper")

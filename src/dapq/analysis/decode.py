@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from ..cache import clone_cache
 from ..compress import make_batch
 from ..models import AttentionHooks
 from ..scoring import apply_rope, attention_probs, prerope_queries
@@ -69,14 +70,6 @@ def prompt_cache(model, prompt_ids: list[int]) -> DynamicCache:
     model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, use_cache=True,
           logits_to_keep=1)
     return cache
-
-
-def clone_cache(cache: DynamicCache) -> DynamicCache:
-    """An independent copy (compression mutates the layers it is given)."""
-    copy = DynamicCache()
-    for i, layer in enumerate(cache.layers):
-        copy.update(layer.keys.clone(), layer.values.clone(), i)
-    return copy
 
 
 @torch.no_grad()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
+from ..cache import clone_cache
 from ..compress import compress
 from ..methods.base import Method
 from ..scoring import attention_scores
-from .decode import DecodeTrace, clone_cache
+from .decode import DecodeTrace
 from .measures import cosine, keep_recall
 
 

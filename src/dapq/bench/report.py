@@ -75,6 +75,25 @@ def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
+def length_table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]] | None:
+    """Average score by prompt length (tasks averaged per length), or None for a single length."""
+    rs = [r for r in records if r["taskset"] == taskset and "length" in r.get("meta", {})]
+    lengths = sorted({r["meta"]["length"] for r in rs})
+    if len(lengths) < 2:
+        return None
+    scores: dict[tuple, dict[int, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rs:
+        scores[_row_key(r)][r["meta"]["length"]][r["task"]].append(r["score"])
+    header = ["method", "budget"] + [f"{length} tok" for length in lengths] + ["avg"]
+    rows = []
+    for key in _sort_rows(scores):
+        per = [_mean([_mean(v) for v in scores[key][length].values()]) for length in lengths]
+        done = [p for p in per if p is not None]
+        rows.append([key[0], str(key[1] or "all"), *(f"{100 * p:.1f}" if p is not None else "-" for p in per),
+                     f"{100 * _mean(done):.1f}" if done else "-"])
+    return header, rows
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -170,6 +189,9 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
             continue
         header, rows = table(records, taskset)
         parts += ["", f"## {taskset}", "", markdown(header, rows)]
+        by_length = length_table(records, taskset)
+        if by_length:
+            parts += ["", f"### {taskset}: average by prompt length", "", markdown(*by_length)]
         if plots:
             p = plot_budget_curves(records, taskset, out / f"{taskset}-budget.png")
             if p:

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 
 from ..errors import ConfigError, DapqError
-from ..generation import encode_prompts, generate
+from ..generation import encode_prompts, generate, generate_many
 from ..methods import build, method_class
 from .metrics import score
 from .store import ResultsStore, cell_key
@@ -106,11 +106,17 @@ def run_sweep(
     *,
     model_id: str,
     show_progress: bool = True,
+    shared_prefill: bool = True,
+    decode_batch: int = 8,
 ) -> int:
     """Run every missing cell, appending each finished one to ``store``. Returns cells run.
 
-    Prompts are tokenised once per sample; the model is loaded once by the caller; each cell is
-    one prefill + compression + decode of one sample.
+    Prompts are tokenised once per sample; the model is loaded once by the caller. With
+    ``shared_prefill`` (the default) each prompt is prefilled once and every pending (method,
+    budget) cell of it compresses a copy of that cache and is decoded in batches of up to
+    ``decode_batch`` cells (:func:`~dapq.generation.generate_many`): the same outputs as one
+    prefill per cell, several times faster. Without it, each cell is its own prefill +
+    compression + decode, whose timings are then per method.
     """
     limit = getattr(model.config, "max_position_embeddings", None)
     encoded = {}
@@ -131,25 +137,43 @@ def run_sweep(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("eta"), TimeRemainingColumn(), disable=not show_progress, transient=False,
     )
-    done = 0
+
+    def save(cell, result, wall_s: float, shared: bool) -> None:
+        spec, budget, method, s, key = cell
+        text = result.text.lstrip("\n").split("\n")[0] if s.meta.get("first_line") else result.text
+        store.append({
+            "key": key, "model": model_id, "taskset": s.taskset, "task": s.task, "sample_id": s.sample_id,
+            "label": spec.label, "method": spec.name, "budget": budget, "config": method.config(),
+            "prediction": result.text, "references": list(s.references), "metric": s.metric,
+            "score": score(s.metric, text, s.references, **s.metric_args), "prompt_tokens": result.prompt_tokens,
+            "prefill_s": result.prefill_s, "compress_s": result.compress_s,
+            "decode_tokens_per_s": result.decode_tokens_per_s, "kv_bytes_full": result.kv_bytes_full,
+            "kv_bytes_kept": result.kv_bytes_kept, "wall_s": wall_s, "shared_prefill": shared,
+            "meta": json.loads(json.dumps(s.meta)),
+        })
+        progress.advance(bar)
+
     with progress:
         bar = progress.add_task("sweep", total=len(todo))
-        for spec, budget, method, s, key in todo:
-            progress.update(bar, description=f"{spec.label} budget={budget or 'all'} {s.task}")
-            start = time.perf_counter()
-            result = generate(model, tokenizer, [s.prompt], method, prompt_ids=[encoded[s.sample_id]],
-                              max_new_tokens=s.max_new_tokens)[0]
-            text = result.text.lstrip("\n").split("\n")[0] if s.meta.get("first_line") else result.text
-            value = score(s.metric, text, s.references, **s.metric_args)
-            store.append({
-                "key": key, "model": model_id, "taskset": s.taskset, "task": s.task, "sample_id": s.sample_id,
-                "label": spec.label, "method": spec.name, "budget": budget, "config": method.config(),
-                "prediction": result.text, "references": list(s.references), "metric": s.metric,
-                "score": value, "prompt_tokens": result.prompt_tokens, "prefill_s": result.prefill_s,
-                "compress_s": result.compress_s, "decode_tokens_per_s": result.decode_tokens_per_s,
-                "kv_bytes_full": result.kv_bytes_full, "kv_bytes_kept": result.kv_bytes_kept,
-                "wall_s": time.perf_counter() - start, "meta": json.loads(json.dumps(s.meta)),
-            })
-            done += 1
-            progress.advance(bar)
-    return done
+        if shared_prefill:
+            by_sample: dict[str, list] = {}
+            for cell in todo:
+                by_sample.setdefault(cell[3].sample_id, []).append(cell)
+            for group in by_sample.values():
+                s = group[0][3]
+                progress.update(bar, description=f"{s.task} {s.sample_id}: {len(group)} cells, one prefill")
+                start = time.perf_counter()
+                results = generate_many(model, tokenizer, encoded[s.sample_id], [c[2] for c in group],
+                                        max_new_tokens=s.max_new_tokens, max_batch=decode_batch)
+                wall = (time.perf_counter() - start) / len(group)
+                for cell, result in zip(group, results, strict=True):
+                    save(cell, result, wall, True)
+        else:
+            for cell in todo:
+                spec, budget, method, s, _ = cell
+                progress.update(bar, description=f"{spec.label} budget={budget or 'all'} {s.task}")
+                start = time.perf_counter()
+                result = generate(model, tokenizer, [s.prompt], method, prompt_ids=[encoded[s.sample_id]],
+                                  max_new_tokens=s.max_new_tokens)[0]
+                save(cell, result, time.perf_counter() - start, False)
+    return len(todo)

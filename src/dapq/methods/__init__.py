@@ -5,7 +5,19 @@
 8
 """
 
-from . import dapq, full, h2o, lacache, oracle, pyramidkv, random_keep, snapkv, streamingllm  # noqa: F401
+from . import (  # noqa: F401
+    dapq,
+    dapq_hybrid,
+    deferkv,
+    full,
+    h2o,
+    lacache,
+    oracle,
+    pyramidkv,
+    random_keep,
+    snapkv,
+    streamingllm,
+)
 from .base import AttentionScoredMethod, LayerContext, Method
 from .registry import available, build, method_class, register
 

@@ -114,8 +114,34 @@ class Method:
 
     # ----------------------------------------------------------------- queries
     def num_queries(self, prompt_width: int) -> int:
-        """How many observation queries the engine must recompute at each layer."""
+        """How many observation queries the engine must recompute at each layer.
+
+        They are the last ``num_queries`` columns of the forward pass: the prompt's own last
+        tokens, followed by the method's :attr:`extra_tokens` (DapQ's pseudo tokens) if any.
+        """
         return 0
+
+    @property
+    def extra_tokens(self) -> int:
+        """Tokens appended after the prompt for scoring only, and evicted with it (DapQ's N)."""
+        return 0
+
+    @property
+    def lookahead(self) -> int:
+        """Real decoding steps the engine runs over the full cache before scoring (DeferKV's T).
+
+        Their tokens are appended like extra tokens, at positions Lp.., and scored with; they are
+        known only after a plain prefill, so the eviction is deferred to after it.
+        """
+        return 0
+
+    def prompt_queries(self, prompt_width: int) -> int:
+        """How many observation queries are the prompt's own last tokens.
+
+        :func:`dapq.compress.compress` replays exactly these prompt tokens (plus the extra tokens)
+        on a cache someone else prefilled.
+        """
+        return self.num_queries(prompt_width) - self.extra_tokens - self.lookahead
 
     @property
     def recent(self) -> int:
@@ -175,20 +201,41 @@ class AttentionScoredMethod(Method):
         """How many leading key columns the observation softmax normalises over."""
         return ctx.keys.shape[2] if self.normalise_over_extra() else ctx.width
 
-    def score(self, ctx: LayerContext) -> Tensor:
-        width = ctx.width
+    def observation_scores(self, ctx: LayerContext, queries: slice = slice(None), reduce: str | None = None) -> Tensor:
+        """Attention of (a slice of) the observation queries over the prompt, reduced over them.
+
+        Returns (B, Hq, P) fp32 scores: SnapKV's Eq. (1), or the DapQ paper's pseudo-query
+        importance (Section 3, Figure 1) when the queries are the pseudo tokens'.
+        """
         n_keys = self.softmax_keys(ctx)
-        scores = attention_scores(
-            ctx.queries,
+        return attention_scores(
+            ctx.queries[:, :, queries],
             ctx.keys[:, :, :n_keys],
-            query_cols=ctx.query_cols,
+            query_cols=ctx.query_cols[queries],
             key_valid=ctx.valid[:, :n_keys],
             scaling=ctx.scaling,
-            n_scored=width,
-            query_reduce=self.query_reduce,
-            query_valid=ctx.query_valid,
+            n_scored=ctx.width,
+            query_reduce=reduce or self.query_reduce,
+            query_valid=None if ctx.query_valid is None else ctx.query_valid[:, queries],
         )
-        scores = reduce_groups(scores, ctx.n_kv_heads, self.group_reduce)
+
+    def mixed_scores(self, ctx: LayerContext, n_window: int, weight: float) -> Tensor:
+        """``(1 - weight) * A_late + weight * A_window`` over two groups of observation queries.
+
+        ``A_window`` reduces the first ``n_window`` queries (the prompt's own last tokens, as in
+        SnapKV) and ``A_late`` the rest (pseudo or real decoding queries); each is a mean (or a
+        max, with ``query_reduce="max"``), so the balance does not depend on the group sizes.
+        """
+        per_query = "max" if self.query_reduce == "max" else "mean"
+        late = self.observation_scores(ctx, slice(n_window, None), per_query)
+        if n_window == 0 or weight == 0.0:
+            return late
+        window = self.observation_scores(ctx, slice(0, n_window), per_query)
+        return (1.0 - weight) * late + weight * window
+
+    def score(self, ctx: LayerContext) -> Tensor:
+        width = ctx.width
+        scores = reduce_groups(self.observation_scores(ctx), ctx.n_kv_heads, self.group_reduce)
         # Pool over the candidate keys only: the always-kept recent window is cut off first, as
         # SnapKV and kvpress do, so its scores never leak into its neighbours.
         cut = width - min(self.recent, width)

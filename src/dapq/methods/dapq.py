@@ -20,10 +20,12 @@ import torch
 
 from ..errors import ConfigError
 from .base import AttentionScoredMethod
+from .budgets import pyramid_budgets
 from .registry import register
 
 CONTENTS = ("prefix_suffix", "random_sample", "random_span", "random_vocab", "fixed", "text", "tokens")
 DEFAULT_FIXED_TEXT = "Sorry, I don't know. "
+LAYER_BUDGETS = ("flat", "pyramid")
 
 # Table 10 of the paper: first 8 + last 24 prompt tokens for Llama models, 2 + 30 for Qwen.
 _PREFIX_SHARE = {"qwen2": 2 / 32, "qwen3": 2 / 32}
@@ -61,6 +63,9 @@ class DapQ(AttentionScoredMethod):
         Last prompt tokens always kept (0 in the paper's recipe).
     normalize : {"prompt", "all"}
         Softmax over the prompt keys only, or over prompt plus (causally visible) pseudo keys.
+    layer_budget : {"flat", "pyramid"}
+        The same budget in every layer, or PyramidKV's schedule (Cai et al., 2024) with the same
+        mean, ``keep_recent`` playing the part of its window.
     seed : int
         Seed of the random content strategies.
     """
@@ -68,6 +73,15 @@ class DapQ(AttentionScoredMethod):
     name: ClassVar[str] = "dapq"
     paper: ClassVar[str] = "DapQ (Tian et al., 2026)"
     query_source: ClassVar[str] = "pseudo"
+    #: Named parameter sets for ``build("dapq", preset=...)``. ``paper`` is the recipe of the
+    #: paper (Figure 1, Table 10): N = 32 pseudo tokens, first 8 + last 24 prompt tokens (2 + 30
+    #: for Qwen), positions Lp.., top-K of the pseudo queries' attention and nothing else kept;
+    #: the choices it leaves open are set as in SnapKV (max-pool 7, sum, GQA mean).
+    presets: ClassVar[dict[str, dict]] = {
+        "paper": dict(window=32, content="prefix_suffix", prefix=None, suffix=None, position_offset=0,
+                      inside_part=None, keep_recent=0, normalize="prompt", layer_budget="flat", kernel=7,
+                      pooling="max", query_reduce="sum", group_reduce="mean"),
+    }
 
     window: int = 32
     content: str = "prefix_suffix"
@@ -79,6 +93,7 @@ class DapQ(AttentionScoredMethod):
     inside_part: int | None = None
     keep_recent: int = 0
     normalize: str = "prompt"
+    layer_budget: str = "flat"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -105,6 +120,8 @@ class DapQ(AttentionScoredMethod):
             raise ConfigError("keep_recent must be >= 0")
         if self.normalize not in ("prompt", "all"):
             raise ConfigError(f"normalize must be 'prompt' or 'all', got {self.normalize!r}")
+        if self.layer_budget not in LAYER_BUDGETS:
+            raise ConfigError(f"layer_budget must be one of {', '.join(LAYER_BUDGETS)}, got {self.layer_budget!r}")
 
     # --------------------------------------------------------------- engine hooks
     @property
@@ -113,6 +130,16 @@ class DapQ(AttentionScoredMethod):
 
     def num_queries(self, prompt_width: int) -> int:
         return self.window
+
+    @property
+    def extra_tokens(self) -> int:
+        return self.window
+
+    def layer_budgets(self, prompt_len: int, num_layers: int) -> list[int]:
+        budget = self.prompt_budget(prompt_len)
+        if self.layer_budget == "flat":
+            return [budget] * num_layers
+        return pyramid_budgets(budget, min(self.keep_recent, budget), prompt_len, num_layers)
 
     def normalise_over_extra(self) -> bool:
         return self.normalize == "all"

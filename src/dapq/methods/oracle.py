@@ -50,6 +50,10 @@ class Oracle(AttentionScoredMethod):
     def num_queries(self, prompt_width: int) -> int:
         return self.window
 
+    @property
+    def extra_tokens(self) -> int:
+        return self.window
+
     def normalise_over_extra(self) -> bool:
         return self.normalize == "all"
 

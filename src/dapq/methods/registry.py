@@ -30,9 +30,18 @@ def method_class(name: str) -> type:
 def build(name: str, **params: Any):
     """Build a method by name: ``build("dapq", budget=128, window=32)``.
 
-    Unknown parameters are an error, so a typo never silently falls back to a default.
+    ``preset="NAME"`` starts from one of the method's named parameter sets (``cls.presets``,
+    e.g. DapQ's ``paper`` recipe); parameters given next to it override the preset's. Unknown
+    parameters are an error, so a typo never silently falls back to a default.
     """
     cls = method_class(name)
+    preset = params.pop("preset", None)
+    if preset is not None:
+        presets = getattr(cls, "presets", {})
+        if preset not in presets:
+            raise ConfigError(f"method {name!r} has no preset {preset!r}; "
+                              f"presets: {', '.join(presets) or 'none'}")
+        params = {**presets[preset], **params}
     unknown = set(params) - cls.field_names()
     if unknown:
         raise ConfigError(

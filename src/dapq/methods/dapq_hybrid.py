@@ -1,0 +1,62 @@
+"""DapQ-Hybrid: DapQ's pseudo queries together with the prompt's last W queries (a dapq variant).
+
+Not in the DapQ paper. The pseudo queries (Tian et al., 2026, arXiv 2603.11564, Figure 1) carry
+the *positions* of the first decoding steps; SnapKV's observation window (Li et al., 2024, Eq. 1)
+carries the *content* of the question, which on small models decides which needle is asked for.
+The two distributions are mixed with a weight, so the balance does not depend on N and W:
+
+    s = (1 - alpha) * mean_pseudo(attention) + alpha * mean_window(attention)
+
+It costs what DapQ costs: the window's queries are recomputed from the same single prefill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from ..errors import ConfigError
+from .base import LayerContext
+from .dapq import DapQ
+from .registry import register
+
+
+@register
+@dataclass
+class DapQHybrid(DapQ):
+    """DapQ with SnapKV's last-``prompt_window`` prompt queries as a second observation window.
+
+    Parameters
+    ----------
+    prompt_window : int
+        W, the last prompt tokens whose queries also score the prompt (causally, as in SnapKV).
+    prompt_weight : float
+        alpha in [0, 1], the weight of the window's mean attention; ``1 - alpha`` goes to the
+        pseudo queries' mean attention. With ``query_reduce="max"`` the two maxima are mixed.
+
+    Every DapQ parameter (content, window N, keep_recent, pooling, ...) keeps its meaning.
+    """
+
+    name: ClassVar[str] = "dapq_hybrid"
+    paper: ClassVar[str] = "variant: DapQ pseudo queries + SnapKV window"
+
+    prompt_window: int = 8
+    prompt_weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prompt_window < 1:
+            raise ConfigError(f"prompt_window must be >= 1, got {self.prompt_window}")
+        if not 0.0 <= self.prompt_weight <= 1.0:
+            raise ConfigError(f"prompt_weight must lie in [0, 1], got {self.prompt_weight}")
+
+    def num_queries(self, prompt_width: int) -> int:
+        return min(self.prompt_window, prompt_width) + self.window
+
+    def observation_scores(self, ctx: LayerContext, queries: slice = slice(None), reduce: str | None = None) -> Tensor:
+        if queries != slice(None):
+            return super().observation_scores(ctx, queries, reduce)
+        # The engine hands the window's queries first, then the pseudo queries (physical order).
+        return self.mixed_scores(ctx, ctx.queries.shape[2] - self.window, self.prompt_weight)
