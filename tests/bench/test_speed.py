@@ -50,6 +50,28 @@ def test_measure_excludes_warmup_and_reports_median_and_spread():
     assert Timing([]).to_dict()["samples"] == []
 
 
+def test_round_robin_takes_turns_and_drops_a_method_that_runs_out_of_memory():
+    clock, calls = FakeClock(), []
+
+    def fn(label, cost):
+        def run():
+            calls.append(label)
+            if label == "b" and calls.count("b") == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            clock.now += cost
+            return label
+        return run
+
+    out = speed.measure_round_robin({"a": fn("a", 1.0), "b": fn("b", 2.0), "c": fn("c", 3.0)}, repeats=3,
+                                    warmup=1, clock=clock)
+    # Warm-ups, then turns with the order rotated each round; b leaves after its OOM.
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a"]
+    assert out["a"][0].samples == [1.0, 1.0, 1.0] and out["c"][0].samples == [3.0, 3.0, 3.0]
+    assert isinstance(out["b"], torch.OutOfMemoryError)
+    with pytest.raises(ValueError):
+        speed.measure_round_robin({"x": lambda: int("bug")}, repeats=1, warmup=0)  # bugs are not results
+
+
 def test_peak_memory_catches_a_short_spike():
     level = {"v": 100}
     with PeakMemory("cpu", interval=0.001, read=lambda: level["v"]) as mem:
@@ -206,6 +228,8 @@ def test_kvpress_peer_runs_the_real_pipeline(tmp_path, tokenizer):
     for row in rows:
         assert len(row["runs"]) == 2
         assert all(len(run["decode_steps_s"]) == 3 for run in row["runs"])  # T-1 steps after the question
+        # Steps are whole iterations (forward, LM head, argmax) and end with the pipeline call.
+        assert all(run["first_token_s"] + sum(run["decode_steps_s"]) <= run["e2e_s"] for run in row["runs"])
         assert row["tokens_per_s"] > 0 and row["e2e_s"]["median"] >= row["ttft_s"]["median"]
     bad = run_kvpress({**spec, "model": str(tmp_path / "missing")}, timeout=300)
     assert len(bad) == 1 and "error" in bad[0]

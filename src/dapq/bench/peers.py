@@ -10,7 +10,9 @@ decodes one token per forward. The prompt is split so that the total input equal
 = the prompt minus its last token, question = the last token. So the question forward yields the
 first new token exactly like dapq's prefill logits at Lp-1, and ``T`` new tokens cost one prefill,
 one question forward and ``T - 1`` decode steps on both sides. Forward hooks on the base model
-timestamp each of those calls; the end-to-end time is the wall time of the whole pipeline call.
+timestamp each of those calls; the end-to-end time is the wall time of the whole pipeline call, and a
+decode step is the time from one base-model call to the next (forward, LM head and argmax, the
+same span as a step of dapq's decode cells).
 End-of-sequence is disabled for the run so every repeat decodes all ``T`` tokens.
 
 The pipeline has no batching: it serves one context at a time, so its throughput at batch ``B``
@@ -133,10 +135,13 @@ def _time_press(pipe, model, press, ids, steps: int, repeats: int, warmup: int) 
             sync()
             total = time.perf_counter() - start
             calls = [(stamps[j], stamps[j + 1]) for j in range(0, len(stamps) - 1, 2)]
+            # A decode step runs from one base-model call to the next: the forward, the LM head and
+            # the argmax, as in dapq's decode cells; the last one ends with the pipeline call.
+            starts = [a for a, _ in calls[2:]] + [start + total]
             if i >= warmup:
                 runs.append({"e2e_s": total, "prefill_s": calls[0][1] - calls[0][0],
                              "first_token_s": calls[1][1] - start,
-                             "decode_steps_s": [b - a for a, b in calls[2:]]})
+                             "decode_steps_s": [b - a for a, b in zip(starts, starts[1:], strict=False)]})
     finally:
         for h in hooks:
             h.remove()

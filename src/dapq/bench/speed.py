@@ -20,8 +20,10 @@ written to the same resumable :class:`~dapq.bench.store.ResultsStore` as the acc
     transformers' attention functions at import, which must not leak into dapq's timings).
 
 Every cell does ``warmup`` untimed runs, then ``repeats`` timed ones; records keep every sample,
-the median and the spread. Ratios to ``full`` are taken at report time between cells of the same
-session (one invocation), so they are always side by side on the same machine state. Running out
+the median and the spread. The TTFT and e2e cells of all methods at one length are timed in turns
+(:func:`measure_round_robin`: A, B, C, then B, C, A, ...), so the machine's drift hits every method
+alike. Ratios to ``full`` are taken at report time between cells of the same session (one
+invocation), so they are always side by side on the same machine state. Running out
 of memory is a result, not a crash: the cell records ``oom`` and larger batches of that method
 are skipped. On the CPU the cell is not even tried when its estimate exceeds the free memory,
 because the Linux OOM killer would end the whole run instead of raising.
@@ -108,23 +110,55 @@ class Timing:
         return {"median": self.median, "min": lo, "max": hi, "samples": list(self.samples)}
 
 
+def measure_round_robin(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int,
+                        clock: Clock = time.perf_counter, sync: Callable[[], None] = lambda: None,
+                        ) -> dict[str, tuple[Timing, list] | BaseException]:
+    """Warm every function up, then time them in turns: round ``r`` calls each one once.
+
+    The order is rotated by one each round. A noisy machine drifts (frequency, other tenants,
+    memory state); timing all repeats of A and then all of B turns that drift into a difference
+    between A and B, while turns spread it over both, which is what makes the ratios between
+    them meaningful. Returns, per function, the wall times and what each timed call returned,
+    or the exception if it ran out of memory (it then leaves the rotation). ``sync`` runs before
+    reading the clock (``torch.cuda.synchronize`` on a GPU, where kernels run asynchronously).
+    """
+    out: dict[str, tuple[Timing, list] | BaseException] = {}
+
+    def call(label: str):
+        try:
+            return fns[label]()
+        except Exception as exc:  # only memory errors are results; anything else is a bug
+            if not is_oom(exc):
+                raise
+            out[label] = exc
+            return exc
+
+    live = list(fns)
+    for label in fns:
+        for _ in range(warmup):
+            if isinstance(call(label), BaseException):
+                break
+    timed = {label: (Timing(), []) for label in live if label not in out}
+    for r in range(repeats):
+        turn = [label for label in live[r % len(live):] + live[: r % len(live)] if label not in out]
+        for label in turn:
+            sync()
+            start = clock()
+            result = call(label)
+            sync()
+            if not isinstance(result, BaseException):
+                timed[label][0].samples.append(clock() - start)
+                timed[label][1].append(result)
+    return {label: out.get(label, timed.get(label)) for label in fns}
+
+
 def measure(fn: Callable[[], object], *, repeats: int, warmup: int, clock: Clock = time.perf_counter,
             sync: Callable[[], None] = lambda: None) -> tuple[Timing, list]:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
-
-    Returns the wall times and what each timed call returned. ``sync`` runs before reading the
-    clock (``torch.cuda.synchronize`` on a GPU, where kernels run asynchronously).
-    """
-    for _ in range(warmup):
-        fn()
-    timing, results = Timing(), []
-    for _ in range(repeats):
-        sync()
-        start = clock()
-        results.append(fn())
-        sync()
-        timing.samples.append(clock() - start)
-    return timing, results
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed (raises on OOM)."""
+    result = measure_round_robin({"fn": fn}, repeats=repeats, warmup=warmup, clock=clock, sync=sync)["fn"]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _rss_bytes() -> int:
@@ -201,24 +235,41 @@ def _release(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------- cells
-def ttft_cell(model, method, ids: Sequence[int], cfg: SpeedConfig, *, clock: Clock = time.perf_counter) -> dict:
-    """Prefill + compression of one prompt: wall time, its forward and compression parts, peak memory."""
+def _oom_record(exc: BaseException) -> dict:
+    return {"oom": True, "error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
+
+
+def ttft_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *,
+               clock: Clock = time.perf_counter) -> dict[str, dict]:
+    """Prefill + compression of one prompt for several methods, timed in turns.
+
+    Per method: wall time, its forward and compression parts, and the peak memory of its runs.
+    """
     device = model.device
 
-    def run():
-        batch = make_batch(model, method, [list(ids)], pad_id=0)
-        stats = prefill(model, method, batch).stats
-        return stats.prefill_s, stats.compress_s
+    def runner(method):
+        def run():
+            with PeakMemory(device) as mem:
+                stats = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0)).stats
+            return stats.prefill_s, stats.compress_s, mem.peak, mem.peak - mem.baseline
+        return run
 
-    with PeakMemory(device) as mem:
-        timing, parts = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
-    return {
-        "ttft_s": timing.to_dict(),
-        "forward_s": Timing([p for p, _ in parts]).to_dict(),
-        "compress_s": Timing([c for _, c in parts]).to_dict(),
-        "peak_bytes": mem.peak,
-        "peak_delta_bytes": mem.peak - mem.baseline,
-    }
+    results = measure_round_robin({label: runner(m) for label, m in methods.items()}, repeats=cfg.repeats,
+                                  warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
+    out = {}
+    for label, result in results.items():
+        if isinstance(result, BaseException):
+            out[label] = _oom_record(result)
+            continue
+        timing, parts = result
+        out[label] = {
+            "ttft_s": timing.to_dict(),
+            "forward_s": Timing([p[0] for p in parts]).to_dict(),
+            "compress_s": Timing([p[1] for p in parts]).to_dict(),
+            "peak_bytes": max(p[2] for p in parts),
+            "peak_delta_bytes": max(p[3] for p in parts),
+        }
+    return out
 
 
 def decode_estimate(single: PrefillResult, batch: int, steps: int, model) -> int:
@@ -264,8 +315,9 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
     }
 
 
-def e2e_cell(model, method, ids: Sequence[int], cfg: SpeedConfig, *, clock: Clock = time.perf_counter) -> dict:
-    """One prompt end to end: prefill + compress, then ``T - 1`` decode steps (``T`` new tokens).
+def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *,
+              clock: Clock = time.perf_counter) -> dict[str, dict]:
+    """One prompt end to end at batch 1 (prefill + compress, then ``T - 1`` decode steps), in turns.
 
     The first new token comes from the prefill's logits, as in kvpress's pipeline, whose
     question forward plays that part (:mod:`dapq.bench.peers`).
@@ -273,16 +325,19 @@ def e2e_cell(model, method, ids: Sequence[int], cfg: SpeedConfig, *, clock: Cloc
     device = model.device
     steps = cfg.decode_tokens
 
-    def run():
-        state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0))
-        token = state.logits.argmax(dim=-1)
-        with DecodeStepper(model, state, steps) as step:
-            for t in range(steps - 1):
-                token = step(token, t).argmax(dim=-1)
-        return None
+    def runner(method):
+        def run():
+            state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0))
+            token = state.logits.argmax(dim=-1)
+            with DecodeStepper(model, state, steps) as step:
+                for t in range(steps - 1):
+                    token = step(token, t).argmax(dim=-1)
+        return run
 
-    timing, _ = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
-    return {"e2e_s": timing.to_dict()}
+    results = measure_round_robin({label: runner(m) for label, m in methods.items()}, repeats=cfg.repeats,
+                                  warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
+    return {label: _oom_record(r) if isinstance(r, BaseException) else {"e2e_s": r[0].to_dict()}
+            for label, r in results.items()}
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -347,7 +402,7 @@ class SpeedRun:
             if not is_oom(exc):
                 raise
             _release(self.model.device)
-            result = {"oom": True, "error": str(exc).splitlines()[0][:200]}
+            result = _oom_record(exc)
         return self._save(base, result)
 
     def _limit(self) -> int | None:
@@ -358,16 +413,27 @@ class SpeedRun:
         free = available_bytes()
         return None if free is None else int(0.9 * free)
 
+    def _turns(self, cell: str, cells_fn, ids: list[int], **fields) -> None:
+        """Run the pending cells of every method for one prompt in turns, and save each."""
+        todo = {}
+        for spec in self.specs:
+            base = self._base(cell, spec, **fields)
+            if self._key(base) not in self.store:
+                todo[spec.label] = (spec, base)
+        if not todo:
+            return
+        self.echo(f"{cell} {', '.join(todo)} {fields}")
+        methods = {label: spec.build(self.cfg.budget) for label, (spec, _) in todo.items()}
+        try:
+            results = cells_fn(self.model, methods, ids, self.cfg, clock=self.clock)
+        finally:
+            _release(self.model.device)
+        for label, (_, base) in todo.items():
+            self._save(base, results[label])
+
     def run_ttft(self) -> None:
         for length in self.cfg.lengths:
-            ids = self._ids(length)
-            for spec in self.specs:
-                base = self._base("ttft", spec, context=length, batch=1)
-                if self._key(base) in self.store:
-                    continue
-                self.echo(f"ttft {spec.label} length={length}")
-                method = spec.build(self.cfg.budget)
-                self._guarded(base, lambda m=method, p=ids: ttft_cell(self.model, m, p, self.cfg, clock=self.clock))
+            self._turns("ttft", ttft_cells, self._ids(length), context=length, batch=1)
 
     def run_decode(self) -> None:
         ids = self._ids(self.cfg.context)
@@ -399,14 +465,7 @@ class SpeedRun:
             _release(self.model.device)
 
     def run_e2e(self) -> None:
-        ids = self._ids(self.cfg.context)
-        for spec in self.specs:
-            base = self._base("e2e", spec, context=self.cfg.context, batch=1)
-            if self._key(base) in self.store:
-                continue
-            self.echo(f"e2e {spec.label}")
-            method = spec.build(self.cfg.budget)
-            self._guarded(base, lambda m=method: e2e_cell(self.model, m, ids, self.cfg, clock=self.clock))
+        self._turns("e2e", e2e_cells, self._ids(self.cfg.context), context=self.cfg.context, batch=1)
 
     def run_peer(self) -> None:
         if self.peer is None:
