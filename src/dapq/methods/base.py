@@ -233,9 +233,17 @@ class AttentionScoredMethod(Method):
         window = self.observation_scores(ctx, slice(0, n_window), per_query)
         return (1.0 - weight) * late + weight * window
 
+    def importance(self, ctx: LayerContext) -> Tensor:
+        """(B, Hq, P) importance of each prompt column, before the GQA reduction and pooling.
+
+        All observation queries reduced together; methods with two groups of queries (the
+        variants) override this with :meth:`mixed_scores`.
+        """
+        return self.observation_scores(ctx)
+
     def score(self, ctx: LayerContext) -> Tensor:
         width = ctx.width
-        scores = reduce_groups(self.observation_scores(ctx), ctx.n_kv_heads, self.group_reduce)
+        scores = reduce_groups(self.importance(ctx), ctx.n_kv_heads, self.group_reduce)
         # Pool over the candidate keys only: the always-kept recent window is cut off first, as
         # SnapKV and kvpress do, so its scores never leak into its neighbours.
         cut = width - min(self.recent, width)

@@ -55,8 +55,6 @@ class DapQHybrid(DapQ):
     def num_queries(self, prompt_width: int) -> int:
         return min(self.prompt_window, prompt_width) + self.window
 
-    def observation_scores(self, ctx: LayerContext, queries: slice = slice(None), reduce: str | None = None) -> Tensor:
-        if queries != slice(None):
-            return super().observation_scores(ctx, queries, reduce)
+    def importance(self, ctx: LayerContext) -> Tensor:
         # The engine hands the window's queries first, then the pseudo queries (physical order).
         return self.mixed_scores(ctx, ctx.queries.shape[2] - self.window, self.prompt_weight)

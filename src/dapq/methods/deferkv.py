@@ -87,8 +87,6 @@ class DeferKV(AttentionScoredMethod):
     def normalise_over_extra(self) -> bool:
         return self.normalize == "all"
 
-    def observation_scores(self, ctx: LayerContext, queries: slice = slice(None), reduce: str | None = None) -> Tensor:
-        if queries != slice(None):
-            return super().observation_scores(ctx, queries, reduce)
+    def importance(self, ctx: LayerContext) -> Tensor:
         # Physical order: the window's queries, then the decoding steps'.
         return self.mixed_scores(ctx, ctx.queries.shape[2] - self.steps, self.prompt_weight)
