@@ -36,9 +36,13 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
+TOKENIZER = _tokenizer()
+"""The test tokenizer, for id-level tests whose method needs one (DapQ's default text content)."""
+
+
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
-    return _tokenizer()
+    return TOKENIZER
 
 
 def tiny_config(kind: str = "llama", **overrides):

@@ -11,7 +11,7 @@ from dapq.compress import compress, make_batch, prefill
 from dapq.generation import SamplingConfig, decode
 from dapq.methods import available, build
 
-from conftest import random_prompt, tiny_model
+from conftest import TOKENIZER, random_prompt, tiny_model
 from helpers import compressed_logits, hf_greedy, masked_reference_logits
 
 NEW = 8
@@ -38,7 +38,7 @@ def _method(name: str, budget: int | None, **kw):
 
 def _run(model, prompts, method, n=NEW, tokenizer=TOK):
     model.generation_config.eos_token_id = None
-    batch = make_batch(model, method, prompts, pad_id=0)
+    batch = make_batch(model, method, prompts, pad_id=0, tokenizer=TOKENIZER)
     state = prefill(model, method, batch)
     ids, _, _ = decode(model, tokenizer, state, SamplingConfig(max_new_tokens=n))
     return ids, state
@@ -75,7 +75,7 @@ def test_pruned_cache_equals_masked_full_cache(kind, name, kw):
     model.generation_config.eos_token_id = None
     prompt = random_prompt(60, seed=2)
     method = build(name, budget=20, **kw)
-    batch = make_batch(model, method, [prompt], pad_id=0)
+    batch = make_batch(model, method, [prompt], pad_id=0, tokenizer=TOKENIZER)
     state = prefill(model, method, batch)
     assert max(state.cache.kept_per_layer()) < 60  # something was evicted
     first = int(state.logits[0].argmax())
@@ -100,7 +100,7 @@ class _FullLayout:
 def test_first_token_logits_equal_plain_prefill(llama):
     """DapQ's extended prefill gives the same logits at Lp-1 as a plain prefill (causality)."""
     prompt = random_prompt(50, seed=4)
-    state = prefill(llama, build("dapq", budget=16), make_batch(llama, build("dapq", budget=16), [prompt], pad_id=0))
+    state = prefill(llama, build("dapq", budget=16), make_batch(llama, build("dapq", budget=16), [prompt], pad_id=0, tokenizer=TOKENIZER))
     plain = llama(input_ids=torch.tensor([prompt])).logits[0, -1]
     torch.testing.assert_close(state.logits[0], plain, atol=1e-5, rtol=1e-5)
 
@@ -138,7 +138,7 @@ def test_hf_generate_continues_with_original_positions(llama, name):
     prompts = [random_prompt(n, seed=30 + n) for n in (40, 55)]
     method = build(name, budget=16)
     ours, _ = _run(llama, prompts, method)
-    batch = make_batch(llama, method, prompts, pad_id=0)
+    batch = make_batch(llama, method, prompts, pad_id=0, tokenizer=TOKENIZER)
     state = prefill(llama, method, batch)
     assert state.cache.canonical
     first = state.logits.argmax(-1, keepdim=True)
@@ -155,7 +155,7 @@ def test_hf_generate_single_prompt_pyramid(llama):
     prompt = random_prompt(80, seed=5)
     method = build("pyramidkv", budget=16)
     ours, _ = _run(llama, [prompt], method)
-    state = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0))
+    state = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
     first = state.logits.argmax(-1, keepdim=True)
     ids = torch.cat([torch.tensor([prompt]), first], dim=1)
     out = llama.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=state.cache,
@@ -189,7 +189,7 @@ def test_posthoc_compress_matches_prefill(llama, name):
     """compress() on someone else's prefilled DynamicCache keeps the same tokens as prefill()."""
     prompts = [random_prompt(n, seed=40 + n) for n in (50, 36)]
     method = build(name, budget=12)
-    batch = make_batch(llama, method, prompts, pad_id=0)
+    batch = make_batch(llama, method, prompts, pad_id=0, tokenizer=TOKENIZER)
     state = prefill(llama, method, batch)
     width = batch.width
     ids, mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
@@ -197,7 +197,7 @@ def test_posthoc_compress_matches_prefill(llama, name):
     with torch.no_grad():
         llama(input_ids=ids, attention_mask=mask, position_ids=batch.position_ids[:, :width],
               past_key_values=cache, use_cache=True)
-    post = compress(llama, cache, method, ids, mask)
+    post = compress(llama, cache, method, ids, mask, tokenizer=TOKENIZER)
     for a, b in zip(state.cache.layouts, post.cache.layouts, strict=True):
         assert torch.equal(a.kept_indices.sort(-1).values, b.kept_indices.sort(-1).values)
         torch.testing.assert_close(
@@ -217,12 +217,12 @@ def test_deferkv_with_decoding_queries_only_is_the_oracle(llama):
     prompt = random_prompt(80, seed=14)
     defer = build("deferkv", budget=12, steps=4, prompt_window=0, keep_recent=0, kernel=1)
     oracle = build("oracle", budget=12, window=4)
-    kept = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0)).cache.layouts for m in (defer, oracle)]
+    kept = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layouts for m in (defer, oracle)]
     for a, b in zip(*kept, strict=True):
         assert torch.equal(a.kept_indices, b.kept_indices)
     # The prompt window changes the choice, so the equality above is not vacuous.
     mixed = prefill(llama, build("deferkv", budget=12, steps=4, kernel=1),
-                    make_batch(llama, defer, [prompt], pad_id=0)).cache.layouts
+                    make_batch(llama, defer, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layouts
     assert any(not torch.equal(a.kept_indices, b.kept_indices) for a, b in zip(mixed, kept[1], strict=True))
 
 
@@ -257,7 +257,7 @@ def test_mistral_and_qwen2(kind):
     model.generation_config.eos_token_id = None
     prompt = random_prompt(50, seed=11)
     assert _run(model, [prompt], build("dapq", budget=50))[0][0] == hf_greedy(model, prompt, NEW)
-    state = prefill(model, build("snapkv", budget=12), make_batch(model, build("snapkv", budget=12), [prompt], pad_id=0))
+    state = prefill(model, build("snapkv", budget=12), make_batch(model, build("snapkv", budget=12), [prompt], pad_id=0, tokenizer=TOKENIZER))
     tokens = [int(state.logits[0].argmax())] + random_prompt(3, seed=12)
     torch.testing.assert_close(compressed_logits(model, state, tokens),
                                masked_reference_logits(model, prompt, state.cache, tokens), atol=2e-5, rtol=1e-4)

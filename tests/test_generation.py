@@ -9,7 +9,7 @@ from dapq.errors import ConfigError
 from dapq.generation import DecodeStepper, SamplingConfig, encode_prompts, generate, generate_many
 from dapq.methods import build
 
-from conftest import random_prompt
+from conftest import TOKENIZER, random_prompt
 
 
 def test_chat_encoding_adds_template_and_prefix(tokenizer):
@@ -74,7 +74,7 @@ def test_stacked_states_decode_like_each_alone(llama):
     from helpers import compressed_logits
 
     prompt = random_prompt(50, seed=4)
-    states = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0))
+    states = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0, tokenizer=TOKENIZER))
               for m in (build("dapq", budget=12), build("snapkv", budget=12), build("streamingllm", budget=12))]
     stacked = PrefillResult.stack(states)
     assert stacked.cache.layers[0].keys.shape[0] == 3 and stacked.batch.width == 50
@@ -84,4 +84,4 @@ def test_stacked_states_decode_like_each_alone(llama):
     for row, state in enumerate(states):
         torch.testing.assert_close(together[row], compressed_logits(llama, state, tokens), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="same prompt width"):
-        PrefillResult.stack([states[0], prefill(llama, build("full"), make_batch(llama, build("full"), [prompt], pad_id=0))])
+        PrefillResult.stack([states[0], prefill(llama, build("full"), make_batch(llama, build("full"), [prompt], pad_id=0, tokenizer=TOKENIZER))])

@@ -18,7 +18,7 @@ from dapq.compress import make_batch, prefill
 from dapq.generation import DecodeStepper
 from dapq.methods import build
 
-from conftest import random_prompt, tiny_model
+from conftest import TOKENIZER, random_prompt, tiny_model
 from helpers import run_cli, save_tiny
 
 TINY = SpeedConfig(context=48, budget=8, lengths=(24, 48), batches=(1, 2, 4), decode_tokens=3, repeats=2,
@@ -92,7 +92,7 @@ def test_is_oom():
 def test_repeated_state_decodes_like_the_single_one(llama, name):
     method = build(name, budget=8)
     prompt = random_prompt(40)
-    single = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0))
+    single = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
     many = single.repeat(3)
     assert many.cache.kv_bytes() == 3 * single.cache.kv_bytes()
     tokens = [5, 9, 11]
@@ -106,7 +106,7 @@ def test_repeated_state_decodes_like_the_single_one(llama, name):
 
 def test_decode_cell_figures(llama):
     method = build("dapq", budget=8)
-    single = prefill(llama, method, make_batch(llama, method, [random_prompt(48)], pad_id=0))
+    single = prefill(llama, method, make_batch(llama, method, [random_prompt(48)], pad_id=0, tokenizer=TOKENIZER))
     widths = [layer.keys.shape[2] for layer in single.cache.layers]
     clock = FakeClock()
     real_step = DecodeStepper.__call__

@@ -54,10 +54,17 @@ def test_ladder_shape():
 
 def test_dapq_pseudo_content(tokenizer):
     prompt = list(range(100, 160))
-    m = build("dapq", budget=8)
+    m = build("dapq", budget=8, preset="paper")
     assert m.pseudo_tokens(prompt, vocab_size=320, model_type="llama") == prompt[:8] + prompt[-24:]
     assert m.pseudo_tokens(prompt, vocab_size=320, model_type="qwen2") == prompt[:2] + prompt[-30:]
     assert build("dapq", budget=8, window=8).split("llama") == (2, 6)
+    # The default content is the fixed text; it needs the tokenizer, and says so.
+    default = build("dapq", budget=8)
+    assert default.pseudo_tokens(prompt, vocab_size=320, model_type="llama", tokenizer=tokenizer) == \
+        build("dapq", budget=8, content="fixed").pseudo_tokens(prompt, vocab_size=320, model_type="llama",
+                                                             tokenizer=tokenizer)
+    with pytest.raises(ConfigError, match="needs a tokenizer"):
+        default.pseudo_tokens(prompt, vocab_size=320, model_type="llama")
     sample = build("dapq", budget=8, content="random_sample").pseudo_tokens(prompt, vocab_size=320, model_type="llama")
     assert len(sample) == 32 and sample == sorted(sample) and len(set(sample)) == 32 and set(sample) <= set(prompt)
     span = build("dapq", budget=8, content="random_span", seed=3).pseudo_tokens(prompt, vocab_size=320,
@@ -86,7 +93,9 @@ def test_dapq_positions():
 def _kept(model, method, prompt):
     from dapq.compress import make_batch, prefill
 
-    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0))
+    from conftest import TOKENIZER
+
+    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
     return [layout.kept_indices for layout in state.cache.layouts]
 
 
