@@ -22,18 +22,19 @@ for content in "preset='paper'" "preset='paper',prefix=0,suffix=32" "preset='pap
   done
 done
 # Stages b and c start from the best stage-a configuration, set in BEST (see the README).
-BEST=${BEST:-"keep_recent=16"}
+BEST=${BEST:-"preset='paper',content='fixed'"}
 STAGE_B="dapq($BEST)"
 for opt in "kernel=1" "kernel=5,pooling='avg'" "kernel=13" "query_reduce='max'" "group_reduce='max'" \
            "normalize='all'" "window=8" "window=16" "window=64" "layer_budget='pyramid'"; do
   STAGE_B+=",dapq($BEST,$opt)"
 done
 BEST_B=${BEST_B:-$BEST}
-STAGE_C="dapq($BEST_B)"
-for a in 0.25 0.5 0.75; do STAGE_C+=",dapq_hybrid($BEST_B,prompt_weight=$a)"; done
+VARIANTS=""
+for a in 0.25 0.5 0.75; do VARIANTS+=",dapq_hybrid($BEST_B,prompt_weight=$a)"; done
 for opt in "steps=1" "steps=2" "steps=4" "steps=8" "steps=4,prompt_weight=0.0" "steps=4,prompt_weight=0.25"; do
-  STAGE_C+=",deferkv($opt)"
+  VARIANTS+=",deferkv($opt)"
 done
+STAGE_C="full,snapkv,dapq($BEST_B)$VARIANTS"
 
 tune() {
   local methods=$1
@@ -49,7 +50,7 @@ case "${1:-}" in
       a) tune "$STAGE_A" ;;
       b) tune "$STAGE_B" ;;
       c) tune "$STAGE_C" ;;
-      bc) tune "full,snapkv,$STAGE_B,${STAGE_C#*,}" ;;  # b and c in one pass: one prefill per prompt
+      bc) tune "full,snapkv,$STAGE_B$VARIANTS" ;;  # b and c in one pass: one prefill per prompt
       *) echo "usage: $0 tune a|b|c|bc" >&2; exit 2 ;;
     esac ;;
   report)

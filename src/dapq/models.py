@@ -221,3 +221,16 @@ def random_model(
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval()
+
+
+def placeholder_tokenizer():
+    """A one-word tokenizer for random-weight models, which have no vocabulary of their own.
+
+    Every text becomes the id 0: enough for what speed measurements need from a tokenizer (a
+    text pseudo context of the right length, and ``decode`` for kvpress's pipeline).
+    """
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")))

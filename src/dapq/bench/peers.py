@@ -88,26 +88,17 @@ def _summarise(row: dict) -> dict:
 def _load(spec: dict):
     import torch
 
-    from ..models import load_model, random_model
+    from ..models import load_model, placeholder_tokenizer, random_model
 
     torch.set_num_threads(spec["threads"])
     if spec.get("random_weights"):
         model = random_model(spec["random_weights"], dtype=spec["dtype"], device=spec["device"],
                              attn_implementation=spec["attn"], seed=spec.get("seed", 0))
-        tokenizer = _placeholder_tokenizer()
+        tokenizer = placeholder_tokenizer()
     else:
         model, tokenizer = load_model(spec.get("model"), dtype=spec["dtype"], device=spec["device"],
                                       attn_implementation=spec["attn"])
     return model, tokenizer
-
-
-def _placeholder_tokenizer():
-    """The pipeline wants a tokenizer; random weights have none, and only decode() is called."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")))
 
 
 def _time_press(pipe, model, press, ids, steps: int, repeats: int, warmup: int) -> dict:

@@ -42,6 +42,7 @@ import torch
 
 from ..compress import PrefillResult, make_batch, prefill
 from ..generation import DecodeStepper
+from ..models import placeholder_tokenizer
 from .runner import MethodSpec
 from .store import ResultsStore, cell_key
 
@@ -239,7 +240,7 @@ def _oom_record(exc: BaseException) -> dict:
     return {"oom": True, "error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
 
 
-def ttft_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *,
+def ttft_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *, tokenizer=None,
                clock: Clock = time.perf_counter) -> dict[str, dict]:
     """Prefill + compression of one prompt for several methods, timed in turns.
 
@@ -250,7 +251,8 @@ def ttft_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: Speed
     def runner(method):
         def run():
             with PeakMemory(device) as mem:
-                stats = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0)).stats
+                stats = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0,
+                                                          tokenizer=tokenizer)).stats
             return stats.prefill_s, stats.compress_s, mem.peak, mem.peak - mem.baseline
         return run
 
@@ -315,7 +317,7 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
     }
 
 
-def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *,
+def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *, tokenizer=None,
               clock: Clock = time.perf_counter) -> dict[str, dict]:
     """One prompt end to end at batch 1 (prefill + compress, then ``T - 1`` decode steps), in turns.
 
@@ -327,7 +329,7 @@ def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedC
 
     def runner(method):
         def run():
-            state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0))
+            state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0, tokenizer=tokenizer))
             token = state.logits.argmax(dim=-1)
             with DecodeStepper(model, state, steps) as step:
                 for t in range(steps - 1):
@@ -391,6 +393,12 @@ class SpeedRun:
         self.store.append(record)
         return record
 
+    @property
+    def text_tokenizer(self):
+        """What turns a text pseudo context (DapQ's ``fixed`` content) into ids; a placeholder
+        for random-weight models, whose speed does not depend on which ids they are."""
+        return self.tokenizer if self.tokenizer is not None else placeholder_tokenizer()
+
     def _ids(self, length: int) -> list[int]:
         return prompt_ids(self.tokenizer, length, vocab_size=self.model.config.vocab_size)
 
@@ -425,7 +433,7 @@ class SpeedRun:
         self.echo(f"{cell} {', '.join(todo)} {fields}")
         methods = {label: spec.build(self.cfg.budget) for label, (spec, _) in todo.items()}
         try:
-            results = cells_fn(self.model, methods, ids, self.cfg, clock=self.clock)
+            results = cells_fn(self.model, methods, ids, self.cfg, tokenizer=self.text_tokenizer, clock=self.clock)
         finally:
             _release(self.model.device)
         for label, (_, base) in todo.items():
@@ -449,7 +457,8 @@ class SpeedRun:
             if not todo:
                 continue
             method = spec.build(self.cfg.budget)
-            single = prefill(self.model, method, make_batch(self.model, method, [ids], pad_id=0))
+            single = prefill(self.model, method, make_batch(self.model, method, [ids], pad_id=0,
+                                                            tokenizer=self.text_tokenizer))
             for batch, base in todo:
                 limit = self._limit()
                 need = decode_estimate(single, batch, self.cfg.decode_tokens, self.model)

@@ -37,6 +37,11 @@ _DEFAULT_PREFIX_SHARE = 8 / 32
 class DapQ(AttentionScoredMethod):
     """DapQ with every open choice of the paper exposed as a parameter.
 
+    The defaults are the paper's recipe except the pseudo content: ``fixed`` ("Sorry, I don't
+    know." repeated, the paper's Fix_C) won the ablation on the embedded model where the paper's
+    first 8 + last 24 prompt tokens came last but one (docs/results/tuning). ``preset="paper"``
+    restores the paper's content. Text contents need the tokenizer (``generate`` passes it).
+
     Parameters
     ----------
     window : int
@@ -84,7 +89,7 @@ class DapQ(AttentionScoredMethod):
     }
 
     window: int = 32
-    content: str = "prefix_suffix"
+    content: str = "fixed"
     prefix: int | None = None
     suffix: int | None = None
     text: str | None = None
@@ -176,7 +181,8 @@ class DapQ(AttentionScoredMethod):
         if self.content == "tokens":
             return _fit(list(self.token_ids), n)
         if tokenizer is None:
-            raise ConfigError(f"content {self.content!r} needs a tokenizer")
+            raise ConfigError(f"content {self.content!r} needs a tokenizer (pass tokenizer=...), or choose a "
+                              f"content made of ids: prefix_suffix (preset='paper'), random_vocab, tokens")
         text = self.text or DEFAULT_FIXED_TEXT
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
