@@ -12,7 +12,7 @@ from dapq.bench import speed
 from dapq.bench.peers import press_kwargs, run_kvpress
 from dapq.bench.runner import parse_methods
 from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, Timing, measure
-from dapq.bench.speed_report import render_speed
+from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
 from dapq.generation import DecodeStepper
@@ -201,11 +201,20 @@ def test_report_ratios_are_side_by_side():
         _rec("peer", "kvpress-snapkv", context=100, batch=1, e2e_s=t(6.0), ttft_s=t(4.2), tokens_per_s=5.0),
     ]
     text = render_speed(records)
-    assert "2.100 (1.05x)" in text  # against the same session's FullKV, not the old one
+    assert "2.100 (1.050x)" in text  # against the same session's FullKV, not the old one
     assert "25.0 (2.50x)" in text
     assert "| dapq | 8 | 0.0800 | 0.0800 |" in text  # KV kept equals budget / Lp
     assert "| dapq | kvpress-snapkv | 100 | 3.000 | 6.000 | 0.500 |" in text
     assert "5.0x at B=2" in text  # batched dapq against kvpress's one-at-a-time pipeline
+
+
+def test_turn_ratio_is_the_median_of_per_round_ratios():
+    # Round 3 ran twice as slow for both methods, round 2 for FullKV only: per-round ratios are
+    # 1.1, 0.55, 1.1 (median 1.1), where the ratio of the medians says 1.1 / 2.0 = 0.55.
+    full = {"median": 2.0, "samples": [1.0, 2.0, 2.0]}
+    dapq = {"median": 1.1, "samples": [1.1, 1.1, 2.2]}
+    assert turn_ratio(dapq, full) == pytest.approx(1.1)
+    assert turn_ratio({"median": 3.0}, {"median": 2.0}) == pytest.approx(1.5)  # no samples: medians
 
 
 def test_press_kwargs_keep_exactly_the_budget():

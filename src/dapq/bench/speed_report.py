@@ -1,11 +1,15 @@
 """Tables of ``dapq bench speed`` records: throughput, TTFT, memory, and the kvpress comparison.
 
 Ratios compare cells of the same session (one invocation) whenever one exists; a ratio taken
-across sessions is marked ``*`` because this machine's speed drifts between runs.
+across sessions is marked ``*`` because this machine's speed drifts between runs. TTFT cells of
+one session were timed in turns (sample ``i`` of every method comes from round ``i``), so their
+ratio is the median of the per-round ratios: drift between rounds cancels out of each of them,
+where a ratio of two medians still carries it.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 MIB = 2**20
@@ -47,6 +51,15 @@ class _Index:
 
     def settings(self, cell: str) -> list[tuple]:
         return sorted({k[:4] for k in self.by if k[3] == cell}, key=str)
+
+
+def turn_ratio(value: dict | float, ref: dict | float) -> float:
+    """``value / ref`` for two timings of one round-robin run: the median of the per-round ratios
+    when both hold one sample per round, else the ratio of the medians."""
+    a, b = (v.get("samples") if isinstance(v, dict) else None for v in (value, ref))
+    if a and b and len(a) == len(b):
+        return statistics.median(x / y for x, y in zip(a, b, strict=True))
+    return _med(value) / _med(ref)
 
 
 def _ratio(value: float | None, ref: float | None, same: bool) -> str:
@@ -102,7 +115,11 @@ def ttft_table(index: _Index, setting: tuple) -> tuple[list[str], list[list[str]
             full, same = index.get((model, device, dtype, "ttft", n, 1), "full", r.get("session"))
             t = _med(r["ttft_s"])
             ref = None if full is None or full.get("oom") else _med(full["ttft_s"])
-            times.append(f"{t:.3f}{_ratio(t, ref, same) if label != 'full' else ''}")
+            if label != "full" and ref and same:
+                t_ratio = turn_ratio(r["ttft_s"], full["ttft_s"])
+                times.append(f"{t:.3f} ({t_ratio:.3f}x)")
+            else:
+                times.append(f"{t:.3f}{_ratio(t, ref, same) if label != 'full' else ''}")
             forward = _med(r["forward_s"])
             shares.append(f"{100 * _med(r['compress_s']) / forward:.2f}" if forward else "-")
         rows.append([label, str(budget or "all"), *times, *shares])
