@@ -3,7 +3,8 @@
     python scripts/tuning-summary.py runs/tune/niah runs/tune/ruler [--labels-like dapq]
 
 Scores are averaged over the tasks of a task set at each length (RULER: the 11-task average), then
-over samples. The last column is the mean over every (task set, length, budget) column the row has.
+over samples. The last column is the mean over every (task set, length, budget) column the row has;
+a column a row has not finished (fewer cells than FullKV ran there) shows "-".
 
 ``niah~`` columns give NIAH partial credit, a tie-breaker when exact match is 0 almost everywhere:
 the share of the needle's digits the answer reproduces from its first digit on (a method that
@@ -40,8 +41,11 @@ def main(argv: list[str]) -> None:
     columns = sorted({c for row in cells.values() for c in row}, key=lambda c: (c[0], c[1] or 0, c[2] or 0))
 
     def value(row, col):
+        # A column counts only once every (task, sample) FullKV ran is there: an unfinished sweep
+        # must not pass a one-task average off as the RULER average.
         tasks = row.get(col)
-        if not tasks:
+        ref = full.get((col[0] if col[0] != "niah~" else "niah", col[1], None), {})
+        if not tasks or (row is not full and sum(map(len, tasks.values())) < sum(map(len, ref.values()))):
             return None
         return 100 * sum(sum(v) / len(v) for v in tasks.values()) / len(tasks)
 
@@ -53,7 +57,9 @@ def main(argv: list[str]) -> None:
         vals = [value(row, c) for c in columns]
         exact = [v for v, c in zip(vals, columns, strict=True) if v is not None and c[0] != "niah~"]
         mean = sum(exact) / len(exact) if exact else -1.0
-        rows.append((mean, [label, *(f"{v:.1f}" if v is not None else "-" for v in vals), f"{mean:.1f}"]))
+        complete = len(exact) == sum(c[0] != "niah~" for c in columns)
+        rows.append((mean, [label, *(f"{v:.1f}" if v is not None else "-" for v in vals),
+                            f"{mean:.1f}" + ("" if complete else " (of the columns run)")]))
     rows.sort(key=lambda r: -r[0])
     print(markdown(header, [full_row] + [r for _, r in rows]))
 
