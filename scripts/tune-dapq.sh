@@ -57,7 +57,7 @@ case "${1:-}" in
     FINAL=${FINAL:?set FINAL to the methods of the final tables}
     "$DAPQ" bench niah --lengths 4000 --samples 4 --seed 1 --haystack held_out --budgets 64,128,256 \
       --methods "$FINAL" --out "$OUT/report/niah-4k" "${BATCH[@]}"
-    "$DAPQ" bench ruler --lengths 2000 --samples 2 --seed 1 --haystack held_out --budgets 64,128,256 \
+    "$DAPQ" bench ruler --lengths 2000 --samples 3 --seed 1 --haystack held_out --budgets 64,128,256 \
       --methods "$FINAL" --out "$OUT/report/ruler-2k" "${BATCH[@]}" ;;
   *) echo "usage: $0 tune a|b|c|bc | report" >&2; exit 2 ;;
 esac
