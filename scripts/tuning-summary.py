@@ -1,6 +1,6 @@
 """Pivot the tuning sweeps into one table: method x (task set, length, budget), plus the mean.
 
-    python scripts/tuning-summary.py runs/tune/niah runs/tune/ruler [--labels-like dapq]
+    python scripts/tuning-summary.py runs/tune/niah runs/tune/ruler
 
 Scores are averaged over the tasks of a task set at each length (RULER: the 11-task average), then
 over samples. The last column is the mean over every (task set, length, budget) column the row has;
@@ -29,7 +29,9 @@ def prefix_share(prediction: str, reference: str) -> float:
 
 
 def main(argv: list[str]) -> None:
-    dirs = [a for a in argv if not a.startswith("--")]
+    if not argv:
+        sys.exit("usage: python scripts/tuning-summary.py RESULTS_DIR [RESULTS_DIR ...]")
+    dirs = argv
     cells: dict[str, dict[tuple, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for d in dirs:
         for r in ResultsStore.open_existing(d):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.console import Console
 
 from .bench.report import markdown, table
 from .bench.runner import parse_methods, run_sweep
-from .bench.store import ResultsStore
+from .bench.store import ResultsStore, cell_key
 from .bench.tasks import TaskArgs, build_samples
 
 DEMO_METHODS = "full,streamingllm,snapkv,dapq"
@@ -30,15 +29,11 @@ def run_demo(model, tokenizer, *, length: int = 2000, out: Path = Path("runs/dem
     run_sweep(model, tokenizer, samples, specs, list(DEMO_BUDGETS), store, model_id=model_id)
     # Only this version's configurations: a store kept from before a default changed also holds
     # cells of the old ``dapq``, under the same label.
-    current = {_canonical(spec.build(b).config()) for spec in specs for b in DEMO_BUDGETS}
+    current = {cell_key(config=spec.build(b).config()) for spec in specs for b in DEMO_BUDGETS}
     records = [r for r in store if r["sample_id"] in {s.sample_id for s in samples}
-               and _canonical(r["config"]) in current]
+               and cell_key(config=r["config"]) in current]
     header, rows = table(records, "niah")
     console.print(f"\nNeedle in a haystack, {length} tokens, {len(samples)} depths, noise haystack ({model_id})\n")
     console.print(markdown(header, rows), markup=False)
     console.print(f"\nresults: {store.path}   (dapq report {out} renders plots)")
     return rows
-
-
-def _canonical(config: dict) -> str:
-    return json.dumps(config, sort_keys=True, default=str)

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -393,10 +394,11 @@ class SpeedRun:
         self.store.append(record)
         return record
 
-    @property
+    @cached_property
     def text_tokenizer(self):
         """What turns a text pseudo context (DapQ's ``fixed`` content) into ids; a placeholder
-        for random-weight models, whose speed does not depend on which ids they are."""
+        for random-weight models, whose speed does not depend on which ids they are. Built once
+        per run, not once per cell."""
         return self.tokenizer if self.tokenizer is not None else placeholder_tokenizer()
 
     def _ids(self, length: int) -> list[int]:
