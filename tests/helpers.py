@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from dapq.cache import CompressedCache
-from dapq.generation import DecodeStepper
+from dapq.decoding import DecodeStepper
 
 
 @torch.no_grad()

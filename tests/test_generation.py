@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dapq.decoding import DecodeStepper
 from dapq.errors import ConfigError
-from dapq.generation import DecodeStepper, SamplingConfig, encode_prompts, generate, generate_many
+from dapq.generation import SamplingConfig, encode_prompts, generate, generate_many
 from dapq.methods import build
 
 from conftest import TOKENIZER, random_prompt

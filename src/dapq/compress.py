@@ -20,6 +20,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from .cache import CompressedCache, CompressionStats, LayerLayout
+from .decoding import DecodeStepper
 from .errors import ConfigError, DapqError
 from .methods.base import LayerContext, Method
 from .methods.full import FullKV
@@ -302,8 +303,6 @@ def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, firs
 
 def _lookahead_tokens(model, state: PrefillResult, steps: int) -> Tensor:
     """The first ``steps`` greedy tokens (B, T) of each row over a full cache, left as it was."""
-    from .generation import DecodeStepper  # generation builds on this module
-
     token = state.logits.argmax(dim=-1)
     tokens = [token]
     if steps > 1:

@@ -1,11 +1,7 @@
-"""Prompt encoding and the decode loop over a compressed cache.
+"""Prompt encoding, sampling, stopping, and the generate APIs over a compressed cache.
 
-Decoding resumes at the original positions: row ``b`` of the batch generates its t-th new token
-at RoPE position ``Lp_b + t`` whatever was evicted. The loop feeds transformers the *logical*
-attention mask (the prompt's padding mask plus ones) and lets :class:`~dapq.cache.CompressedCache`
-map it onto the physical slots; for the rare layouts where one 2-D mask cannot describe every
-layer (PyramidKV with a padded batch, ratio budgets in a batch) it installs per-layer masks
-through forward pre-hooks for the duration of the loop.
+The decode steps themselves (original positions, logical masks, per-layer masks for layouts a
+single mask cannot describe) are :class:`~dapq.decoding.DecodeStepper`'s.
 """
 
 from __future__ import annotations
@@ -17,12 +13,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .cache import CompressedCache, clone_cache
+from .cache import clone_cache
 from .compress import PrefillResult, compress, make_batch, prefill
+from .decoding import DecodeStepper
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
-from .models import AttentionHooks
 
 
 @dataclass
@@ -122,30 +118,6 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-class _PerLayerMasks(AttentionHooks):
-    """Forward pre-hooks that hand each attention layer its own mask (non-canonical layouts)."""
-
-    pre = True
-
-    def __init__(self, model, cache: CompressedCache):
-        super().__init__(model)
-        self.cache = cache
-        self.impl = model.config._attn_implementation
-        self.n_new = 0
-
-    def _hook(self, module, args, kwargs):
-        mask = self.cache.slot_mask(module.layer_idx, self.n_new)
-        if self.impl.startswith("flash"):
-            kwargs["attention_mask"] = None if bool(mask.all()) else mask.long()
-        elif self.impl == "sdpa":
-            kwargs["attention_mask"] = mask[:, None, None, :]
-        else:
-            dtype = kwargs["hidden_states"].dtype
-            additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-            kwargs["attention_mask"] = additive.masked_fill(~mask, torch.finfo(dtype).min)[:, None, None, :]
-        return args, kwargs
-
-
 def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> Tensor:
     if not cfg.do_sample:
         return logits.argmax(dim=-1)
@@ -161,49 +133,6 @@ def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) ->
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
-
-
-class DecodeStepper:
-    """Runs single decode steps over a compressed cache at the original positions.
-
-    Step ``t`` feeds one token per row at position ``Lp_b + t`` and returns the next logits.
-    Used by :func:`decode`, and by analyses that teacher-force tokens. Use as a context manager:
-    for non-canonical layouts it installs per-layer masks for its lifetime.
-    """
-
-    def __init__(self, model, state: PrefillResult, max_steps: int):
-        self.model = model
-        self.cache = state.cache
-        self.batch = state.batch
-        bsz, width = self.batch.input_ids.shape[0], self.batch.width
-        prompt_mask = self.batch.attention_mask[:, :width]
-        ones = torch.ones(bsz, max_steps + 1, dtype=prompt_mask.dtype, device=prompt_mask.device)
-        self.mask = torch.cat([prompt_mask, ones], dim=1)
-        self.per_layer = None if self.cache.canonical else _PerLayerMasks(model, self.cache)
-
-    def __enter__(self):
-        if self.per_layer is not None:
-            self.per_layer.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.per_layer is not None:
-            self.per_layer.__exit__()
-
-    @torch.no_grad()
-    def __call__(self, token: Tensor, step: int) -> Tensor:
-        width = self.batch.width
-        if self.per_layer is not None:
-            self.per_layer.n_new = step + 1
-        out = self.model(
-            input_ids=token[:, None],
-            attention_mask=self.mask[:, : width + step + 1],
-            position_ids=(self.batch.prompt_lengths + step)[:, None],
-            cache_position=torch.tensor([width + step], device=token.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        return out.logits[:, -1].float()
 
 
 @torch.no_grad()

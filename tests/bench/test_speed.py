@@ -15,7 +15,7 @@ from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, Timing, measure
 from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
-from dapq.generation import DecodeStepper
+from dapq.decoding import DecodeStepper
 from dapq.methods import build
 
 from conftest import TOKENIZER, random_prompt, tiny_model

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from dapq.bench.niah import exact_number_match, make_needle_prompt
+from dapq.bench.tasks.niah import exact_number_match, make_needle_prompt
 from dapq.generation import generate
 from dapq.methods import build
 

@@ -42,7 +42,7 @@ from functools import cached_property
 import torch
 
 from ..compress import PrefillResult, make_batch, prefill
-from ..generation import DecodeStepper
+from ..decoding import DecodeStepper
 from ..models import placeholder_tokenizer
 from .runner import MethodSpec
 from .store import ResultsStore, cell_key

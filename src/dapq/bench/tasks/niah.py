@@ -10,14 +10,12 @@ tokenizer, chat template included.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
-from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, select_tasks, taskset
+from .base import Sample, TaskArgs, fit_to_length, select_tasks, taskset
+from .haystack import NOISE, haystack_text, sentences
 from .words import ADJECTIVES, NOUNS
 
-# RULER's "noise" haystack: repeated filler that carries no information.
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = " The special magic number for {key} mentioned in the provided text is"
 SENTENCE_NEEDLES = (
@@ -37,11 +35,6 @@ class NeedleSample:
     reference: str
     length: int
     depth: float
-
-
-def sentences(text: str) -> list[str]:
-    """Split prose into sentences (each with a trailing space) for sizing and insertion."""
-    return [s + " " for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
 
 
 def make_needle_prompt(
@@ -123,6 +116,6 @@ def niah_samples(tokenizer, args: TaskArgs) -> list[Sample]:
 
 def exact_number_match(prediction: str, reference: str) -> float:
     """1.0 when the first number in the prediction is the reference number."""
-    from .metrics import exact_number_match as metric
+    from ..metrics import exact_number_match as metric
 
     return metric(prediction, [reference])

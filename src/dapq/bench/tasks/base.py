@@ -1,12 +1,15 @@
-"""Benchmark samples, the task-set registry, and sizing prompts to a token length."""
+"""Benchmark samples, the task-set registry, and sizing prompts to a token length.
+
+This module imports no task set: each task-set module imports it and registers itself, and the
+package's ``__init__`` imports them all, so the registry has no import cycle.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 
-from ..errors import DapqError
+from ...errors import DapqError
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,6 @@ def taskset(name: str):
 
 
 def build_samples(name: str, tokenizer, args: TaskArgs) -> list[Sample]:
-    from . import helmet, longbench, niah, ruler  # noqa: F401  (registration)
-
     if name not in TASKSETS:
         raise DapqError(f"unknown task set {name!r}; choose from {', '.join(sorted(TASKSETS))}")
     if args.max_context is not None:
@@ -78,18 +79,6 @@ def select_tasks(args: TaskArgs, known: tuple[str, ...], what: str) -> tuple[str
     return tasks
 
 
-def haystack_text(name: str) -> str:
-    """A shipped haystack (``essays``, ``held_out``), or ``noise`` (RULER's repeated filler)."""
-    from .niah import NOISE
-
-    if name == "noise":
-        return NOISE
-    files = {"essays": "haystack_essays.txt", "held_out": "haystack_held_out.txt"}
-    if name not in files:
-        raise DapqError(f"unknown haystack {name!r}; choose from noise, {', '.join(files)}")
-    return resources.files("dapq.data").joinpath(files[name]).read_text(encoding="utf-8")
-
-
 def fit_to_length(tokenizer, build: Callable[[int], tuple[str, str]], length: int, *, chat: bool = True) -> int:
     """Largest ``n`` such that the prompt ``build(n)`` encodes to at most ``length`` tokens.
 
@@ -97,7 +86,7 @@ def fit_to_length(tokenizer, build: Callable[[int], tuple[str, str]], length: in
     list items, distractor needles). The real prompt is tokenised at every probe, chat template
     included, because BPE merges across unit boundaries make per-unit counts drift.
     """
-    from ..generation import encode_prompts
+    from ...generation import encode_prompts
 
     def size(n: int) -> int:
         prompt, prefix = build(n)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dapq.bench.longbench import PROMPTS, truncate_middle
 from dapq.bench.tasks import TaskArgs, build_samples
+from dapq.bench.tasks.longbench import PROMPTS, truncate_middle
 from dapq.errors import DapqError
 
 FIX = Path(__file__).parent / "fixtures"

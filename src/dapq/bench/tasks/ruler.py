@@ -16,9 +16,9 @@ import string
 import uuid
 from dataclasses import dataclass
 
-from ..errors import DapqError
-from .niah import sentences
-from .tasks import Sample, TaskArgs, fit_to_length, haystack_text, select_tasks, taskset
+from ...errors import DapqError
+from .base import Sample, TaskArgs, fit_to_length, select_tasks, taskset
+from .haystack import haystack_text, sentences
 from .words import ADJECTIVES, COMMON, NOUNS
 
 NIAH_TEMPLATE = (

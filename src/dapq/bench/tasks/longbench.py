@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import DapqError
-from .tasks import Sample, TaskArgs, select_tasks, taskset
+from ...errors import DapqError
+from .base import Sample, TaskArgs, select_tasks, taskset
 
 PROMPTS = {
     "qasper": (

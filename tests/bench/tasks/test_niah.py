@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dapq.bench.niah import exact_number_match, make_needle_prompt
+from dapq.bench.tasks.niah import exact_number_match, make_needle_prompt
 from dapq.errors import DapqError
 from dapq.generation import encode_prompts
 

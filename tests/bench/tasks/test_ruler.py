@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dapq.bench.ruler import TASKS
 from dapq.bench.tasks import TaskArgs, build_samples
+from dapq.bench.tasks.ruler import TASKS
 from dapq.generation import encode_prompts
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DapqError
+from ...errors import DapqError
+from .base import Sample, TaskArgs, select_tasks, taskset
 from .longbench import _budget, _data_dir, read_jsonl, truncate_middle
-from .tasks import Sample, TaskArgs, select_tasks, taskset
 
 SUBSETS = {
     "icl": ("Use the examples below to label the last input. Answer with the label only.\n\n{context}\n\n"
