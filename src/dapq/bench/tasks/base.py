@@ -27,6 +27,14 @@ class Sample:
     chat: bool = True
     meta: dict = field(default_factory=dict)
     metric_args: dict = field(default_factory=dict)
+    context_end: int | None = None
+    """Character offset in ``prompt`` where the context part ends and the question part begins:
+    ``prompt[:context_end]`` is what ``--compress context`` compresses, ``prompt[context_end:]``
+    the question that follows it uncompressed. None where a task has no separate question."""
+
+    def __post_init__(self) -> None:
+        if self.context_end is not None and not 0 < self.context_end <= len(self.prompt):
+            raise ValueError(f"{self.sample_id}: context_end {self.context_end} outside the prompt")
 
 
 @dataclass
