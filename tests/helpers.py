@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from dapq import compat
 from dapq.cache import CompressedCache
 from dapq.decoding import DecodeStepper
 
@@ -20,7 +21,7 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
     assert model.config._attn_implementation == "eager"
     lp = len(prompt)
     full = DynamicCache()
-    model(input_ids=torch.tensor([prompt]), past_key_values=full, use_cache=True)
+    compat.forward(model, torch.tensor([prompt]), position_ids=torch.arange(lp)[None], cache=full, first_column=0)
     n_q, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     keep = []
     for layout in cache.layouts:
@@ -46,12 +47,8 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
     try:
         for t, tok in enumerate(tokens):
             step["t"] = t
-            logits = model(
-                input_ids=torch.tensor([[tok]]),
-                position_ids=torch.tensor([[lp + t]]),
-                past_key_values=full,
-                use_cache=True,
-            ).logits[0, -1]
+            logits = compat.forward(model, torch.tensor([[tok]]), position_ids=torch.tensor([[lp + t]]), cache=full,
+                                    first_column=lp + t).logits[0, -1]
             out.append(logits)
     finally:
         for h in handles:
@@ -73,6 +70,15 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                          eos_token_id=None, pad_token_id=0, min_new_tokens=n)
     return out[0, len(prompt):].tolist()
+
+
+def import_kvpress():
+    """kvpress, or a skip that prints why: kvpress 0.5.5 installs only next to transformers < 5.3."""
+    import transformers
+
+    return pytest.importorskip(
+        "kvpress", reason=f"kvpress is not installed: kvpress 0.5.5 needs transformers<5.3 and this environment has "
+                          f"{transformers.__version__} (the pinned environment of `make test` runs these tests)")
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:

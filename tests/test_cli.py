@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+from dapq.compat import attention_implementations
 
 from helpers import run_cli, save_tiny
 
@@ -69,10 +72,39 @@ def test_bad_options(capsys, model_dir, args, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["--device", "tpu9"], "unknown device 'tpu9'"),
+    (["--attn", "magic"], "unknown attention implementation 'magic'"),
+    # Which flash implementations exist depends on the transformers release; every one needs CUDA.
+    (["--attn", "flash_attention_2", "--device", "cpu"], "needs a CUDA device"),
+])
+def test_bad_device_and_attention(capsys, model_dir, args, needle):
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt", "hi", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this check needs a machine without CUDA")
+def test_cuda_without_cuda(capsys, model_dir):
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt", "hi", "--device", "cuda")
+    assert code == 2 and "CUDA is not available" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_attention_list_follows_the_installed_transformers():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    valid = attention_implementations()
+    assert valid[:2] == ("eager", "sdpa")
+    # Every flash implementation offered is one this release registers, and none is missing.
+    registered = {k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if k.startswith("flash_attention_")}
+    assert set(valid[2:]) == registered
+
+
 def test_bad_prompt_files(capsys, model_dir, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
-    for path, needle in [(tmp_path / "missing.txt", "no such file"), (empty, "empty")]:
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    for path, needle in [(tmp_path / "missing.txt", "no such file"), (empty, "empty"), (latin1, "not UTF-8")]:
         code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt-file", str(path))
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
@@ -100,10 +132,21 @@ def test_missing_model_dir(capsys):
     (["niah", "--methods", "full,bogus"], "unknown method"),
     (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
     (["niah", "--decode-batch", "0"], "--decode-batch"),
+    (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
+    (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
+    (["niah", "--samples", "0"], "--samples must be >= 1"),
 ])
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_out_is_a_file(capsys, model_dir, tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("mine\n")
+    code, _, err = run(capsys, "bench", "niah", "--model", model_dir, "--out", str(path))
+    assert code == 2 and "not a directory" in err and len(err.strip().splitlines()) == 1, err
+    assert path.read_text() == "mine\n"
 
 
 def test_bench_then_report(capsys, model_dir, tmp_path):

@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import dapq
+from dapq import compat
 from dapq.compress import compress, make_batch, prefill
 from dapq.generation import SamplingConfig, decode
 from dapq.methods import available, build
@@ -145,7 +146,7 @@ def test_hf_generate_continues_with_original_positions(llama, name):
     width = batch.width
     ids = torch.cat([batch.input_ids[:, :width], first], dim=1)
     mask = torch.cat([batch.attention_mask[:, :width], torch.ones_like(first)], dim=1)
-    out = llama.generate(ids, attention_mask=mask, past_key_values=state.cache, max_new_tokens=NEW - 1,
+    out = llama.generate(ids, attention_mask=mask, **compat.cache_kwargs(llama, state.cache), max_new_tokens=NEW - 1,
                          min_new_tokens=NEW - 1, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert out[:, width:].tolist() == ours
 
@@ -158,7 +159,7 @@ def test_hf_generate_single_prompt_pyramid(llama):
     state = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
     first = state.logits.argmax(-1, keepdim=True)
     ids = torch.cat([torch.tensor([prompt]), first], dim=1)
-    out = llama.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=state.cache,
+    out = llama.generate(ids, attention_mask=torch.ones_like(ids), **compat.cache_kwargs(llama, state.cache),
                          max_new_tokens=NEW - 1, min_new_tokens=NEW - 1, do_sample=False, eos_token_id=None,
                          pad_token_id=0)
     assert out[0, 80:].tolist() == ours[0]
@@ -195,8 +196,8 @@ def test_posthoc_compress_matches_prefill(llama, name):
     ids, mask = batch.input_ids[:, :width], batch.attention_mask[:, :width]
     cache = DynamicCache()
     with torch.no_grad():
-        llama(input_ids=ids, attention_mask=mask, position_ids=batch.position_ids[:, :width],
-              past_key_values=cache, use_cache=True)
+        compat.forward(llama, ids, attention_mask=mask, position_ids=batch.position_ids[:, :width], cache=cache,
+                       first_column=0)
     post = compress(llama, cache, method, ids, mask, tokenizer=TOKENIZER)
     for a, b in zip(state.cache.layouts, post.cache.layouts, strict=True):
         assert torch.equal(a.kept_indices.sort(-1).values, b.kept_indices.sort(-1).values)

@@ -10,8 +10,9 @@ from dapq.compress import make_batch, prefill
 from dapq.methods import build
 
 from conftest import random_prompt, tiny_model
+from helpers import import_kvpress
 
-kvpress = pytest.importorskip("kvpress", reason="kvpress is a test dependency (pip install -e '.[test]')")
+kvpress = import_kvpress()
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])

@@ -59,8 +59,17 @@ class CompressedCache(DynamicCache):
         physical = super().get_seq_length(layer_idx)
         return physical + self._offset(layer_idx) if physical else 0
 
-    def get_mask_sizes(self, cache_position: Tensor, layer_idx: int) -> tuple[int, int]:
-        kv_length, kv_offset = super().get_mask_sizes(cache_position, layer_idx)
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """The mask's query offset (transformers 5.14+): the logical length, as ``get_seq_length``."""
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query, layer_idx: int) -> tuple[int, int]:
+        """The mask's key axis: this layer's physical slots, read at logical offset ``kv_offset``.
+
+        ``query`` is whatever this transformers release passes (``cache_position`` up to 5.3, the
+        query length from 5.4; :mod:`dapq.compat`); it goes to the parent untouched.
+        """
+        kv_length, kv_offset = super().get_mask_sizes(query, layer_idx)
         return kv_length, kv_offset + self._offset(layer_idx)
 
     # ---------------------------------------------------------------- dapq API

@@ -71,7 +71,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt_file is not None:
         if not prompt_file.is_file():
             raise DapqError(f"{prompt_file}: no such file")
-        prompt = prompt_file.read_text(encoding="utf-8")
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise DapqError(f"{prompt_file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     if not prompt.strip():
         raise DapqError("the prompt is empty")
     return prompt
@@ -174,16 +177,16 @@ def bench(
         depth_list = tuple(float(x) for x in depths.split(",") if x.strip())
     except ValueError:
         raise ConfigError("--lengths must be integers and --depths numbers") from None
-    if samples < 1 or decode_batch < 1:
-        raise ConfigError("--samples and --decode-batch must be >= 1")
+    if decode_batch < 1:
+        raise ConfigError("--decode-batch must be >= 1")
+    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, depths=depth_list, data=data,
+                    tasks=tuple(t for t in tasks.split(",") if t), haystack=haystack)
     store = ResultsStore(out)  # a foreign or corrupt file fails here, before any work
     _quiet_transformers()
     from .models import load_model
 
     lm, tokenizer = load_model(model, dtype=dtype, device=device)
-    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, depths=depth_list, data=data,
-                    tasks=tuple(t for t in tasks.split(",") if t), haystack=haystack,
-                    max_context=getattr(lm.config, "max_position_embeddings", None))
+    args.max_context = getattr(lm.config, "max_position_embeddings", None)
     sample_list = build_samples(taskset, tokenizer, args)
     run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
               shared_prefill=shared_prefill, decode_batch=decode_batch)
@@ -235,11 +238,10 @@ def bench_speed(
     from .bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
     from .bench.store import ResultsStore
     from .methods import available, method_class
+    from .models import resolve_device
 
     base = QUICK if quick else SpeedConfig()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise DapqError("--device cuda: no CUDA device here")
+    device = str(resolve_device(device))
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     if model is not None and random_weights is not None:
         raise ConfigError("give --model or --random-weights, not both")
@@ -321,13 +323,11 @@ def _analysis_setup(model, taskset, lengths, samples, seed, out, tasks=""):
         length_list = tuple(int(x) for x in lengths.split(",") if x.strip())
     except ValueError:
         raise ConfigError("--lengths must be integers") from None
-    if samples < 1:
-        raise ConfigError("--samples must be >= 1")
+    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, tasks=tuple(t for t in tasks.split(",") if t))
     store = ResultsStore(out)
     _quiet_transformers()
     lm, tokenizer = load_model(model)
-    args = TaskArgs(lengths=length_list, samples=samples, seed=seed, tasks=tuple(t for t in tasks.split(",") if t),
-                    max_context=getattr(lm.config, "max_position_embeddings", None))
+    args.max_context = getattr(lm.config, "max_position_embeddings", None)
     return lm, tokenizer, build_samples(taskset, tokenizer, args), store
 
 

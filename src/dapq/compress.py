@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from . import compat
 from .cache import CompressedCache, CompressionStats, LayerLayout
 from .decoding import DecodeStepper
 from .errors import ConfigError, DapqError
@@ -191,7 +192,7 @@ class _EvictionHooks(AttentionHooks):
         if self._sync:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        self.apply(module, kwargs["past_key_values"], kwargs.get("hidden_states"), kwargs.get("position_embeddings"))
+        self.apply(module, compat.layer_cache(module, kwargs), kwargs["hidden_states"], kwargs["position_embeddings"])
         if self._sync:
             torch.cuda.synchronize()
         self.compress_s += time.perf_counter() - start
@@ -283,13 +284,9 @@ def _run(model, method: Method, batch: PromptBatch, cache: CompressedCache, firs
             hooks.apply(attn, cache)
     else:
         with hooks:
-            out = model(
-                input_ids=batch.input_ids[:, first:],
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids[:, first:],
-                cache_position=torch.arange(first, n_cols, device=model.device),
-                past_key_values=cache,
-                use_cache=True,
+            out = compat.forward(
+                model, batch.input_ids[:, first:], attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids[:, first:], cache=cache, first_column=first,
                 logits_to_keep=torch.tensor([max(last_prompt, 0)], device=model.device),
             )
         if last_prompt >= 0:
@@ -312,7 +309,7 @@ def _lookahead_tokens(model, state: PrefillResult, steps: int) -> Tensor:
                 token = step(token, t).argmax(dim=-1)
                 tokens.append(token)
         for layer, width in zip(state.cache.layers, widths, strict=True):
-            layer.crop(width)
+            compat.truncate(layer, width)
     return torch.stack(tokens, dim=1)
 
 
@@ -331,8 +328,7 @@ def _deferred(model, method: Method, batch: PromptBatch, cache: CompressedCache,
     first = batch.width - method.prompt_queries(batch.width)
     out = CompressedCache()
     out.layers = list(cache.layers)
-    for layer in out.layers:
-        layer.crop(first)
+    compat.truncate_cache(out, first)
     state = _run(model, method, batch.with_tokens(tokens), out, first, observer)
     state.stats.prefill_s += lookahead_s
     return PrefillResult(state.cache, logits, batch)
@@ -400,8 +396,7 @@ def compress(
     out_cache.layers = list(cache.layers)
     if method.lookahead and method.evicts:
         # Replay the last prompt token for the first-token logits, then decode and evict.
-        for layer in out_cache.layers:
-            layer.crop(width - 1)
+        compat.truncate_cache(out_cache, width - 1)
         plain = _run(model, _NO_EVICTION, batch, out_cache, width - 1)
         return _deferred(model, method, batch, plain.cache, plain.logits, observer)
     if not method.evicts or method.num_queries(width) == 0:
@@ -410,8 +405,7 @@ def compress(
         # Re-run the prompt tokens whose queries the method observes (none for DapQ, the last W
         # for SnapKV, all of them for H2O), then its extra tokens, on top of the rest.
         first = width - method.prompt_queries(width)
-        for layer in out_cache.layers:
-            layer.crop(first)
+        compat.truncate_cache(out_cache, first)
     return _run(model, method, batch, out_cache, first, observer)
 
 

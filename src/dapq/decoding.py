@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from . import compat
 from .cache import CompressedCache
 from .models import AttentionHooks
 
@@ -82,12 +83,8 @@ class DecodeStepper:
         width = self.batch.width
         if self.per_layer is not None:
             self.per_layer.n_new = step + 1
-        out = self.model(
-            input_ids=token[:, None],
-            attention_mask=self.mask[:, : width + step + 1],
-            position_ids=(self.batch.prompt_lengths + step)[:, None],
-            cache_position=torch.tensor([width + step], device=token.device),
-            past_key_values=self.cache,
-            use_cache=True,
+        out = compat.forward(
+            self.model, token[:, None], attention_mask=self.mask[:, : width + step + 1],
+            position_ids=(self.batch.prompt_lengths + step)[:, None], cache=self.cache, first_column=width + step,
         )
         return out.logits[:, -1].float()

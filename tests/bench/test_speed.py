@@ -19,7 +19,7 @@ from dapq.decoding import DecodeStepper
 from dapq.methods import build
 
 from conftest import TOKENIZER, random_prompt, tiny_model
-from helpers import run_cli, save_tiny
+from helpers import import_kvpress, run_cli, save_tiny
 
 TINY = SpeedConfig(context=48, budget=8, lengths=(24, 48), batches=(1, 2, 4), decode_tokens=3, repeats=2,
                    warmup=1, parts=("ttft", "decode", "e2e"))
@@ -218,7 +218,7 @@ def test_turn_ratio_is_the_median_of_per_round_ratios():
 
 
 def test_press_kwargs_keep_exactly_the_budget():
-    from kvpress.utils import compute_n_kept  # kvpress's own rule, not a copy of it
+    compute_n_kept = import_kvpress().utils.compute_n_kept  # kvpress's own rule, not a copy of it
 
     for n in (100, 257, 999, 4095, 7999):
         for budget in (b for b in (16, 64, 128) if b < n):
@@ -227,7 +227,7 @@ def test_press_kwargs_keep_exactly_the_budget():
 
 
 def test_kvpress_peer_runs_the_real_pipeline(tmp_path, tokenizer):
-    pytest.importorskip("kvpress")
+    import_kvpress()
     path = save_tiny(tmp_path / "m", tokenizer)
     spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
             "threads": 1, "budget": 8, "presses": ["snapkv", "streamingllm"], "decode_tokens": 4,

@@ -31,6 +31,26 @@ def test_architecture_is_as_documented(smollm):
         "llama", 30, 9, 3)
 
 
+def test_conversion_is_canonical(smollm):
+    """The tokenizer follows the GGUF metadata, whichever transformers release converted it."""
+    import json
+
+    from dapq.compat import tokenizer_round_trips
+    from dapq.embedded import FORMAT, STAMP, embedded_model_dir
+
+    model, tok = smollm
+    path = embedded_model_dir()
+    assert json.loads((path / STAMP).read_text())["format"] == FORMAT
+    assert tokenizer_round_trips(tok)
+    # GGUF: bos 1 <|im_start|>, eos 2 <|im_end|>, pad 2, add_bos_token false, 17 control tokens.
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+    assert tok("The sky is blue.")["input_ids"][0] != tok.bos_token_id  # no BOS prepended
+    assert len(tok) == model.config.vocab_size == 49152  # no token beyond the embedding matrix
+    assert model.generation_config.eos_token_id == 2
+    spec = json.loads((path / "tokenizer.json").read_text())
+    assert spec["decoder"]["type"] == "ByteLevel" and spec["normalizer"] is None
+
+
 # One fixed sample cannot rank methods; it checks that the real-model pipeline (chat template,
 # prefill, eviction, decoding from position Lp) answers where the method is known to. The tuned
 # dapq default ("fixed" content) misses this noise-haystack sample at K = 128 while the paper

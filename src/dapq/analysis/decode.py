@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from .. import compat
 from ..cache import clone_cache
 from ..compress import make_batch
 from ..models import AttentionHooks
@@ -55,7 +56,7 @@ class _QueryRecorder(AttentionHooks):
         self.pre.setdefault(i, []).append(pre[0].float())
         self.post.setdefault(i, []).append(post[0].float())
         if self.with_attention:
-            keys = kwargs["past_key_values"].layers[i].keys
+            keys = compat.layer_cache(module, kwargs).layers[i].keys
             probs = attention_probs(post, keys, module.scaling)[0]
             self.attn.setdefault(i, []).append(probs[..., : self.prompt_len])
 
@@ -63,12 +64,18 @@ class _QueryRecorder(AttentionHooks):
         return torch.stack([torch.cat(store[i], dim=1) for i in sorted(store)])
 
 
+def _forward(model, cache: DynamicCache, token_ids: list[int], start: int):
+    """Forward ``token_ids`` of one unpadded prompt at positions ``start..`` over ``cache``."""
+    ids = torch.tensor([token_ids], device=model.device)
+    positions = torch.arange(start, start + len(token_ids), device=model.device)[None]
+    return compat.forward(model, ids, position_ids=positions, cache=cache, first_column=start, logits_to_keep=1)
+
+
 @torch.no_grad()
 def prompt_cache(model, prompt_ids: list[int]) -> DynamicCache:
     """A plain FullKV prefill of one prompt (shared by the analyses, cloned before mutation)."""
     cache = DynamicCache()
-    model(input_ids=torch.tensor([prompt_ids], device=model.device), past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
+    _forward(model, cache, prompt_ids, 0)
     return cache
 
 
@@ -78,22 +85,16 @@ def trace_decode(model, prompt_ids: list[int], steps: int, cache: DynamicCache |
     lp = len(prompt_ids)
     cache = clone_cache(cache) if cache is not None else DynamicCache()
     if cache.get_seq_length() == 0:
-        model(input_ids=torch.tensor([prompt_ids[:-1]], device=model.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
+        _forward(model, cache, prompt_ids[:-1], 0)
     else:
-        cache.crop(lp - 1)
+        compat.truncate_cache(cache, lp - 1)
     # Re-run the last prompt token so its logits give the first new token.
-    out = model(input_ids=torch.tensor([prompt_ids[-1:]], device=model.device),
-                position_ids=torch.tensor([[lp - 1]], device=model.device), past_key_values=cache, use_cache=True)
-    token = int(out.logits[0, -1].argmax())
+    token = int(_forward(model, cache, prompt_ids[-1:], lp - 1).logits[0, -1].argmax())
     tokens = []
     with _QueryRecorder(model, 1, with_attention=True, prompt_len=lp) as rec:
         for t in range(steps):
             tokens.append(token)
-            out = model(input_ids=torch.tensor([[token]], device=model.device),
-                        position_ids=torch.tensor([[lp + t]], device=model.device),
-                        past_key_values=cache, use_cache=True)
-            token = int(out.logits[0, -1].argmax())
+            token = int(_forward(model, cache, [token], lp + t).logits[0, -1].argmax())
     return DecodeTrace(lp, tokens, rec.stacked(rec.pre), rec.stacked(rec.post), rec.stacked(rec.attn))
 
 
@@ -108,10 +109,9 @@ def queries_at(model, cache: DynamicCache, token_ids: list[int], positions: list
     lp = cache.get_seq_length()
     n = len(token_ids)
     with _QueryRecorder(model, n) as rec:
-        model(input_ids=torch.tensor([token_ids], device=model.device),
-              position_ids=torch.tensor([positions], device=model.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
-    cache.crop(lp)
+        compat.forward(model, torch.tensor([token_ids], device=model.device), cache=cache, first_column=lp,
+                       position_ids=torch.tensor([positions], device=model.device), logits_to_keep=1)
+    compat.truncate_cache(cache, lp)
     return rec.stacked(rec.pre), rec.stacked(rec.post)
 
 
@@ -120,6 +120,6 @@ def capture_pseudo_queries(model, prompt_ids: list[int], method, tokenizer=None)
     """The (pre-RoPE, post-RoPE) pseudo queries (L, Hq, N, d) of a DapQ-style prefill."""
     batch = make_batch(model, method, [prompt_ids], pad_id=0, tokenizer=tokenizer)
     with _QueryRecorder(model, batch.extra) as rec:
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-              use_cache=True, past_key_values=DynamicCache(), logits_to_keep=1)
+        compat.forward(model, batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                       cache=DynamicCache(), first_column=0, logits_to_keep=1)
     return rec.stacked(rec.pre), rec.stacked(rec.post)

@@ -41,6 +41,7 @@ from functools import cached_property
 
 import torch
 
+from .. import compat
 from ..compress import PrefillResult, make_batch, prefill
 from ..decoding import DecodeStepper
 from ..models import placeholder_tokenizer
@@ -296,7 +297,7 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
 
     def run():
         for layer, width in zip(state.cache.layers, widths, strict=True):
-            layer.crop(width)  # forget the previous repeat's tokens: every repeat decodes the same steps
+            compat.truncate(layer, width)  # forget the previous repeat's tokens: every repeat decodes the same steps
         token = first
         with DecodeStepper(model, state, steps) as step:
             for t in range(steps):
@@ -306,7 +307,7 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
     with PeakMemory(device) as mem:
         timing, _ = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
     for layer, width in zip(state.cache.layers, widths, strict=True):
-        layer.crop(width)
+        compat.truncate(layer, width)
     return {
         "decode_s": timing.to_dict(),
         "tokens_per_s": batch * steps / timing.median,

@@ -35,6 +35,8 @@ class ResultsStore:
 
     def __init__(self, out_dir: str | Path):
         self.dir = Path(out_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise DapqError(f"{self.dir}: exists and is not a directory (give an output directory)")
         self.path = self.dir / FILENAME
         self.records: list[dict] = []
         self._keys: set[str] = set()

@@ -51,6 +51,15 @@ class TaskArgs:
     haystack: str = "essays"
     max_context: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise DapqError(f"--samples must be >= 1, got {self.samples}")
+        if any(n < 1 for n in self.lengths):
+            raise DapqError(f"--lengths must be >= 1 token, got {', '.join(map(str, self.lengths))}")
+        if any(not 0.0 <= d <= 1.0 for d in self.depths):
+            # A depth is a fraction of the haystack: 1.5 would silently land at the end.
+            raise DapqError(f"--depths must lie in [0, 1], got {', '.join(map(str, self.depths))}")
+
 
 TASKSETS: dict[str, Callable[[object, TaskArgs], list[Sample]]] = {}
 

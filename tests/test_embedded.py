@@ -1,0 +1,65 @@
+"""The embedded model's conversion is reused only when the current conversion wrote it.
+
+The conversion itself (20 s, the real GGUF file) is checked in ``tests/slow``; here a stand-in
+``convert`` keeps the reuse rule fast to test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dapq import embedded
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAPQ_HOME", str(tmp_path))
+    monkeypatch.setattr(embedded, "_gguf_dir", lambda: tmp_path / "gguf")
+    calls = []
+
+    def fake_convert(gguf_path, out):
+        calls.append(gguf_path)
+        (out / "config.json").write_text("{}")
+        (out / embedded.STAMP).write_text(json.dumps({"format": embedded.FORMAT}))
+
+    monkeypatch.setattr(embedded, "convert", fake_convert)
+    return tmp_path, calls
+
+
+def test_stamp_decides_reuse(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    assert not embedded.conversion_is_current(d)  # an earlier dapq wrote no stamp
+    (d / embedded.STAMP).write_text(json.dumps({"format": embedded.FORMAT - 1}))
+    assert not embedded.conversion_is_current(d)
+    (d / embedded.STAMP).write_text("{torn")
+    assert not embedded.conversion_is_current(d)
+    (d / embedded.STAMP).write_text(json.dumps({"format": embedded.FORMAT}))
+    assert embedded.conversion_is_current(d)
+    (d / "config.json").unlink()
+    assert not embedded.conversion_is_current(d)
+
+
+def test_stale_conversion_is_rebuilt_with_one_notice(home, capsys):
+    root, calls = home
+    stale = root / "models" / embedded.EMBEDDED_MODEL
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text('{"old": true}')
+    (stale / "tokenizer_config.json").write_text('{"tokenizer_class": "CodeLlamaTokenizer"}')
+    assert embedded.embedded_model_dir() == stale
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "older dapq conversion" in err
+    assert len(calls) == 1 and embedded.conversion_is_current(stale)
+    assert not (stale / "tokenizer_config.json").exists()  # nothing of the old conversion survives
+    assert embedded.embedded_model_dir() == stale  # reused: no second conversion, no notice
+    assert len(calls) == 1 and capsys.readouterr().err == ""
+
+
+def test_first_conversion_is_silent_and_leaves_no_temporary(home, capsys):
+    root, calls = home
+    target = embedded.embedded_model_dir()
+    assert capsys.readouterr().err == "" and len(calls) == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == [embedded.EMBEDDED_MODEL]
