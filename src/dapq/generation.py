@@ -75,6 +75,10 @@ class GenerationResult:
     decode_tokens_per_s: float
     finish_reason: str
     config: dict = field(default_factory=dict)
+    question_tokens: int = 0
+    """Context-only compression: tokens of the question fed after the compressed context."""
+    question_s: float = 0.0
+    """Seconds of the question's forward over the compressed context."""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -138,7 +142,19 @@ def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) ->
 @torch.no_grad()
 def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple[list[list[int]], list[str], float]:
     """Generate from a compressed cache. Returns token ids, finish reasons and decode seconds."""
-    bsz = state.batch.input_ids.shape[0]
+    with DecodeStepper(model, state, cfg.max_new_tokens) as stepper:
+        return sample_loop(model, tokenizer, stepper, state.logits, cfg)
+
+
+@torch.no_grad()
+def sample_loop(model, tokenizer, stepper: DecodeStepper, logits: Tensor, cfg: SamplingConfig
+                ) -> tuple[list[list[int]], list[str], float]:
+    """Choose tokens from ``logits`` (B, V) on, feeding each through ``stepper``; stop per row.
+
+    Returns token ids, finish reasons and the seconds it took. The caller owns the stepper (and so
+    decides what was fed before: nothing after a prefill, a question after a compressed context).
+    """
+    bsz = logits.shape[0]
     device = model.device
     eos = torch.tensor(sorted(eos_token_ids(model, tokenizer)) or [-1], device=device)
     gen = torch.Generator().manual_seed(cfg.seed) if cfg.do_sample else None
@@ -146,31 +162,32 @@ def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple
     reasons = ["length"] * bsz
     done = torch.zeros(bsz, dtype=torch.bool, device=device)
     filler = pad_token_id(tokenizer)
-    logits = state.logits
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     start = time.perf_counter()
-    with DecodeStepper(model, state, cfg.max_new_tokens) as step_fn:
-        for step in range(cfg.max_new_tokens):
-            token = _choose(logits, cfg, gen)
-            token = torch.where(done, torch.full_like(token, filler), token)
+    for step in range(cfg.max_new_tokens):
+        token = _choose(logits, cfg, gen)
+        token = torch.where(done, torch.full_like(token, filler), token)
+        for b in torch.nonzero(~done).flatten().tolist():
+            out[b].append(int(token[b]))
+        hit_eos = torch.isin(token, eos) & ~done
+        for b in torch.nonzero(hit_eos).flatten().tolist():
+            reasons[b] = "eos"
+        done |= hit_eos
+        if cfg.stop:
             for b in torch.nonzero(~done).flatten().tolist():
-                out[b].append(int(token[b]))
-            hit_eos = torch.isin(token, eos) & ~done
-            for b in torch.nonzero(hit_eos).flatten().tolist():
-                reasons[b] = "eos"
-            done |= hit_eos
-            if cfg.stop:
-                for b in torch.nonzero(~done).flatten().tolist():
-                    if any(s in tokenizer.decode(out[b], skip_special_tokens=True) for s in cfg.stop):
-                        reasons[b] = "stop"
-                        done[b] = True
-            if bool(done.all()) or step == cfg.max_new_tokens - 1:
-                break
-            logits = step_fn(token, step)
+                if any(s in tokenizer.decode(out[b], skip_special_tokens=True) for s in cfg.stop):
+                    reasons[b] = "stop"
+                    done[b] = True
+        if bool(done.all()) or step == cfg.max_new_tokens - 1:
+            break
+        logits = stepper(token)
+    _sync(device)
+    return out, reasons, time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return out, reasons, time.perf_counter() - start
 
 
 def _text(tokenizer, ids: list[int], eos: set[int], stop: tuple[str, ...]) -> str:

@@ -97,9 +97,9 @@ def test_repeated_state_decodes_like_the_single_one(llama, name):
     assert many.cache.kv_bytes() == 3 * single.cache.kv_bytes()
     tokens = [5, 9, 11]
     with DecodeStepper(llama, many, len(tokens)) as step:
-        rep = [step(torch.tensor([t] * 3), i) for i, t in enumerate(tokens)]
+        rep = [step(torch.tensor([t] * 3)) for t in tokens]
     with DecodeStepper(llama, single, len(tokens)) as step:
-        one = [step(torch.tensor([t]), i) for i, t in enumerate(tokens)]
+        one = [step(torch.tensor([t])) for t in tokens]
     for r, o in zip(rep, one, strict=True):
         torch.testing.assert_close(r, o.expand(3, -1), rtol=1e-5, atol=1e-5)
 
@@ -111,9 +111,9 @@ def test_decode_cell_figures(llama):
     clock = FakeClock()
     real_step = DecodeStepper.__call__
 
-    def timed_step(self, token, step):
+    def timed_step(self, token):
         clock.now += 0.5  # every decode step "takes" half a second
-        return real_step(self, token, step)
+        return real_step(self, token)
 
     DecodeStepper.__call__ = timed_step
     try:
