@@ -52,6 +52,38 @@ def test_generate_plain_text(capsys, model_dir, tmp_path):
     assert not out.lstrip().startswith("{")
 
 
+def test_generate_context_then_questions(capsys, model_dir, tmp_path):
+    context = tmp_path / "doc.txt"
+    context.write_text("The grass is green. The sky is blue. The sun is yellow. " * 4)
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--method", "snapkv", "--budget", "8",
+                         "--context-file", str(context), "--question", "What is green?", "--question", "And blue?",
+                         "--chat", "--max-new-tokens", "3", "--json")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["question"] for r in records] == ["What is green?", "And blue?"]
+    for r in records:
+        assert r["kept_tokens_per_head"] == [8] * 4 and r["question_tokens"] > 0
+        assert r["prompt_tokens"] > 8  # the context, compressed to 8 per head
+    assert records[0]["prompt_tokens"] == records[1]["prompt_tokens"]  # one context, compressed once
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--context-file", str(context),
+                         "--question", "What is green?", "--max-new-tokens", "3")
+    assert code == 0 and not out.lstrip().startswith("{") and not out.startswith("[1]"), err
+
+
+def test_context_mode_bad_input(capsys, model_dir, tmp_path):
+    context = tmp_path / "doc.txt"
+    context.write_text("The grass is green.")
+    for args, needle in [
+        (["--context-file", str(context)], "at least one non-empty --question"),
+        (["--context-file", str(context), "--question", " "], "at least one non-empty --question"),
+        (["--context-file", str(context), "--question", "q", "--prompt", "p"], "not both"),
+        (["--question", "q", "--prompt", "p"], "--question needs --context-file"),
+        (["--context-file", str(tmp_path / "none.txt"), "--question", "q"], "no such file"),
+    ]:
+        code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", *args)
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--method", "bogus", "--budget", "8"], "unknown method"),
     (["--budget", "0"], "budget"),

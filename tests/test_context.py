@@ -8,7 +8,7 @@ import torch
 from dapq.compress import PrefillResult
 from dapq.context import ChatSplit, answer, ask, compress_context, encode_context, encode_question
 from dapq.decoding import DecodeStepper
-from dapq.generation import SamplingConfig
+from dapq.generation import SamplingConfig, generate_many
 from dapq.methods import available, build
 
 from conftest import TOKENIZER, random_prompt
@@ -104,3 +104,14 @@ def test_chat_split_puts_the_user_turn_back_together(tokenizer):
     question_ids = encode_question(tokenizer, " What is green?", chat=True, answer_prefix=" It is")
     text = tokenizer.decode(context_ids + question_ids)
     assert text == split.opening + "The grass is green. What is green?" + split.closing + " It is"
+
+
+def test_shared_prefill_in_context_mode_equals_ask(llama):
+    """generate_many(question_ids=...): one FullKV prefill of the context for every method."""
+    methods = [build("full")] + [build(n, budget=12) for n in EVICTING]
+    shared = generate_many(llama, TOKENIZER, CONTEXT, methods, max_new_tokens=6, question_ids=QUESTION)
+    for method, result in zip(methods, shared, strict=True):
+        ctx = compress_context(llama, TOKENIZER, [], method, context_ids=[CONTEXT])
+        alone = ask(llama, TOKENIZER, ctx, [], question_ids=[QUESTION], max_new_tokens=6)[0]
+        assert result.token_ids == alone.token_ids, method.name
+        assert result.question_tokens == len(QUESTION) and result.prompt_tokens == len(CONTEXT)

@@ -65,25 +65,43 @@ def method_from_options(
     return build(name, **params)
 
 
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise DapqError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DapqError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if not text.strip():
+        raise DapqError(f"{path}: the {what} is empty")
+    return text
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if (prompt is None) == (prompt_file is None):
         raise DapqError("give exactly one of --prompt and --prompt-file")
     if prompt_file is not None:
-        if not prompt_file.is_file():
-            raise DapqError(f"{prompt_file}: no such file")
-        try:
-            prompt = prompt_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise DapqError(f"{prompt_file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        return _read_text(prompt_file, "prompt")
     if not prompt.strip():
         raise DapqError("the prompt is empty")
     return prompt
+
+
+def _generation_record(result, method) -> dict:
+    """The ``--json`` fields of one result."""
+    record = result.to_dict()
+    record["budget"] = method.budget if method.budget is not None else max(result.kept_tokens_per_head)
+    record["ratio"] = method.ratio
+    return record
 
 
 @app.command()
 def generate(
     prompt: str = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Path = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
+    context_file: Path = typer.Option(None, "--context-file", help="Compress this context once and answer "
+                                      "each --question from it (context-only compression)."),
+    question: list[str] = typer.Option(None, "--question", help="A question about --context-file (repeatable)."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     method: str = typer.Option("dapq", "--method", help="Compression method."),
     budget: int = typer.Option(None, "--budget", help="Prompt tokens kept per KV head per layer."),
@@ -102,16 +120,29 @@ def generate(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, flash_attention_2."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures (one per question)."),
 ) -> None:
-    """Compress the prompt's KV cache with one method and generate."""
+    """Compress the prompt's KV cache with one method and generate.
+
+    With --context-file, only the context is compressed, once; each --question is then answered
+    from the same compressed cache (the question itself is not compressed).
+    """
     if ratio is not None and budget is not None:
         raise ConfigError("give --budget or --ratio, not both")
     chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
                                  preset=preset)
-    text = _read_prompt(prompt, prompt_file)
+    if context_file is not None:
+        if prompt is not None or prompt_file is not None:
+            raise DapqError("give --context-file with --question, or --prompt/--prompt-file, not both")
+        questions = [q for q in (question or []) if q.strip()]
+        if not questions or len(questions) != len(question or []):
+            raise DapqError("--context-file needs at least one non-empty --question")
+        text = _read_text(context_file, "context")
+    elif question:
+        raise DapqError("--question needs --context-file (or put the question in the prompt)")
+    else:
+        text = _read_prompt(prompt, prompt_file)
     from .generation import SamplingConfig
-    from .generation import generate as run
     from .models import load_model
 
     sampling = SamplingConfig(
@@ -120,14 +151,23 @@ def generate(
     )
     _quiet_transformers()
     lm, tokenizer = load_model(model, dtype=dtype, device=device, attn_implementation=attn)
-    result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
-    if as_json:
-        record = result.to_dict()
-        record["budget"] = chosen.budget if chosen.budget is not None else max(result.kept_tokens_per_head)
-        record["ratio"] = chosen.ratio
-        typer.echo(json.dumps(record))
-    else:
-        typer.echo(result.text)
+    if context_file is None:
+        from .generation import generate as run
+
+        result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
+        typer.echo(json.dumps(_generation_record(result, chosen)) if as_json else result.text)
+        return
+    from .context import ask, compress_context
+
+    ctx = compress_context(lm, tokenizer, [text], chosen, chat=chat)
+    results = ask(lm, tokenizer, ctx, questions, answer_prefix=answer_prefix, sampling=sampling)
+    for i, (q, result) in enumerate(zip(questions, results, strict=True)):
+        if as_json:
+            typer.echo(json.dumps({"question": q, **_generation_record(result, chosen)}))
+        elif len(questions) == 1:
+            typer.echo(result.text)
+        else:
+            typer.echo(f"{'' if i == 0 else chr(10)}[{i + 1}] {q}\n{result.text}")
 
 
 @app.command()

@@ -291,6 +291,7 @@ def generate_many(
     sampling: SamplingConfig | None = None,
     *,
     max_batch: int = 8,
+    question_ids: Sequence[int] | None = None,
     **sampling_kwargs,
 ) -> list[GenerationResult]:
     """Every method on one prompt, at the cost of one prefill: what accuracy sweeps need.
@@ -303,6 +304,11 @@ def generate_many(
     rounding. The compressed caches with equal per-layer widths are then decoded together, up
     to ``max_batch`` rows at a time.
 
+    With ``question_ids``, ``prompt_ids`` is a context and only it is compressed: the question is
+    then fed uncompressed after each method's compressed context, and the first new token comes
+    from its last logits (context-only compression, :mod:`dapq.context`; each row equals
+    :func:`~dapq.context.ask` with that method).
+
     ``prefill_s`` of every result is the shared FullKV prefill plus the method's own replay;
     for per-method timings use ``dapq bench speed``.
     """
@@ -310,10 +316,11 @@ def generate_many(
     if max_batch < 1:
         raise ConfigError("max_batch must be >= 1")
     row = list(prompt_ids)
+    question = list(question_ids or ())
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and len(row) + sampling.max_new_tokens > limit:
-        raise DapqError(f"prompt of {len(row)} tokens + {sampling.max_new_tokens} new tokens exceeds the "
-                        f"model's context of {limit}")
+    if limit is not None and len(row) + len(question) + sampling.max_new_tokens > limit:
+        raise DapqError(f"prompt of {len(row) + len(question)} tokens + {sampling.max_new_tokens} new tokens "
+                        f"exceeds the model's context of {limit}")
     full = build("full")
     base = prefill(model, full, make_batch(model, full, [row], pad_id=pad_token_id(tokenizer)))
     input_ids = base.batch.input_ids
@@ -334,10 +341,17 @@ def generate_many(
         for start in range(0, len(members), max_batch):
             chunk = members[start : start + max_batch]
             stacked = PrefillResult.stack([states[i] for i in chunk])
-            ids, reasons, decode_s = decode(model, tokenizer, stacked, sampling)
+            with DecodeStepper(model, stacked, len(question) + sampling.max_new_tokens) as stepper:
+                start = time.perf_counter()
+                logits = stepper.extend(torch.tensor([question] * len(chunk), device=model.device)) if question \
+                    else stacked.logits
+                _sync(model.device)
+                question_s = time.perf_counter() - start
+                ids, reasons, decode_s = sample_loop(model, tokenizer, stepper, logits, sampling)
             out = _results(model, tokenizer, stacked, [methods[i] for i in chunk], [row] * len(chunk), ids, reasons,
                            decode_s, sampling, prefill_s=[prefill_s[i] for i in chunk],
                            compress_s=[compress_s[i] for i in chunk])
             for i, result in zip(chunk, out, strict=True):
+                result.question_tokens, result.question_s = len(question), question_s if question else 0.0
                 results[i] = result
     return results
