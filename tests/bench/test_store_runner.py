@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import dapq.bench.runner as runner
+import dapq.bench.executor as executor
 from dapq.bench.runner import parse_budgets, parse_methods, run_sweep
 from dapq.bench.store import ResultsStore
 from dapq.bench.tasks import TaskArgs, build_samples
@@ -116,7 +116,7 @@ def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch, shared):
     # Per-cell runs call generate() once a cell; shared-prefill runs call generate_many() once a prompt.
     name, dies_at, finished = ("generate_many", 2, per_sample) if shared else ("generate", 4, 3)
     calls = {"n": 0}
-    real = getattr(runner, name)
+    real = getattr(executor, name)
 
     def dying(*args, **kwargs):
         calls["n"] += 1
@@ -124,13 +124,13 @@ def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch, shared):
             raise KeyboardInterrupt  # the user pressed Ctrl-C
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, name, dying)
+    monkeypatch.setattr(executor, name, dying)
     store = ResultsStore(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
                   shared_prefill=shared)
     assert len(ResultsStore(tmp_path)) == finished  # what finished before the kill is on disk
-    monkeypatch.setattr(runner, name, real)
+    monkeypatch.setattr(executor, name, real)
     store = ResultsStore(tmp_path)
     ran = run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
                     shared_prefill=shared)
