@@ -180,6 +180,17 @@ class RayExecutor:
         except Exception:  # already gone
             pass
 
+    def start(self) -> None:
+        """Start every worker now and wait until each has loaded the model (``run`` does it lazily)."""
+        for _ in range(self.workers - len(self._actors)):
+            self._start()
+        for ref in list(self._starting):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise DapqError(f"a Ray worker could not start: {_first_line(exc)}") from None
+            self._starting.pop(ref, None)
+
     # ----------------------------------------------------------------- running
     def run(self, units: Sequence[Unit], on_start: Callable[[Unit], None] | None = None
             ) -> Iterator[tuple[Unit, list[dict]]]:
