@@ -1,11 +1,14 @@
 """Wall time of one sweep with the local runner, 1 Ray worker and 2 Ray workers, side by side.
 
-    python scripts/scale-out-bench.py time [--lengths 2000] [--samples 1] [--rounds 2] [--out FILE]
+    python scripts/scale-out-bench.py time [--lengths 2000] [--samples 1] [--rounds 2] [--configs local,1,2]
+                                           [--out FILE]
     python scripts/scale-out-bench.py compare DIR_A DIR_B
 
 ``time`` runs the same NIAH sweep (embedded model; full, dapq, snapkv at budgets 64 and 128; one
 shared-prefill unit per prompt) in rounds, the order reversed every round (local, 1, 2, then 2, 1,
-local, ...) so the drift of this shared machine hits every configuration alike. Each sweep writes
+local, ...) so the drift of this shared machine hits every configuration alike. ``--configs``
+picks the runners: ``local``, ``N`` (N Ray workers sharing the CPUs) or ``NxC`` (N workers of C
+CPUs, i.e. torch threads, each: ``1x1`` against ``2`` compares equal threads per worker). Each sweep writes
 a fresh results directory, so every cell runs. A local Ray with all the machine's CPUs is started
 once; N workers get the CPUs split evenly (torch threads = CPU share). Two times are kept per
 Ray sweep: ``total`` (actors started, model loaded, sweep run) and ``sweep`` (from the moment every
@@ -94,7 +97,8 @@ def cmd_time(ns) -> None:
     model, _ = spec.on("cpu").load()
     torch.set_num_threads(cpus)
     runs: list[dict] = []
-    configs = ["local", 1, 2]
+    configs = ns.configs.split(",")
+    overhead = None
     for rnd in range(ns.rounds):
         for cfg in configs if rnd % 2 == 0 else configs[::-1]:
             out = Path(tempfile.mkdtemp(prefix=f"scale-out-{cfg}-"))
@@ -105,13 +109,14 @@ def cmd_time(ns) -> None:
                           show_progress=False)
                 total = sweep = time.perf_counter() - start
             else:
-                with RayExecutor(spec, workers=cfg) as ex:
+                workers, _, per = cfg.partition("x")  # "2": CPUs split evenly; "1x1": 1 worker, 1 CPU
+                with RayExecutor(spec, workers=int(workers), cpus_per_worker=float(per) if per else None) as ex:
                     ex.start()  # every actor has loaded the model
                     ready = time.perf_counter()
                     run_sweep(None, tokenizer, samples, methods, budgets, store, model_id="smollm2-135m",
                               show_progress=False, executor=ex, max_context=ctx)
                     end = time.perf_counter()
-                    if rnd == 0 and cfg == 1:
+                    if overhead is None:
                         overhead = _round_trip(ex, tokenizer, samples, methods, budgets, store)
                 total, sweep = end - start, end - ready
             records = list(store)
@@ -122,29 +127,41 @@ def cmd_time(ns) -> None:
                          "prefill_s": statistics.median(r["prefill_s"] for r in records if r["method"] == "full")})
             print(json.dumps(runs[-1]), flush=True)
     summary = {}
-    for cfg in map(str, configs):
+    for cfg in configs:
         mine = [r for r in runs if r["config"] == cfg]
         summary[cfg] = {k: statistics.median(r[k] for r in mine) for k in ("total_s", "sweep_s", "cell_wall_s")}
-    one, two = summary["1"], summary["2"]
     cells, units = runs[0]["cells"], runs[0]["units"]
     print(f"\nNIAH {ns.lengths} x {len(samples)} prompts: {units} units, {cells} cells; {cpus} CPUs; "
           f"medians of {ns.rounds} rounds")
     print("| runner | sweep wall s | total wall s (with actor start) | s per unit | s per cell |")
     print("|---|---|---|---|---|")
-    for cfg, label in (("local", "local runner"), ("1", "Ray, 1 worker"), ("2", "Ray, 2 workers")):
+    for cfg in configs:
         s = summary[cfg]
-        print(f"| {label} | {s['sweep_s']:.1f} | {s['total_s']:.1f} | {s['sweep_s'] / units:.2f} | "
+        print(f"| {_label(cfg, cpus)} | {s['sweep_s']:.1f} | {s['total_s']:.1f} | {s['sweep_s'] / units:.2f} | "
               f"{s['sweep_s'] / cells:.2f} |")
-    print(f"\n1 / 2 workers: sweep {one['sweep_s'] / two['sweep_s']:.2f}x, total {one['total_s'] / two['total_s']:.2f}x; "
-          f"Ray 1 worker / local: {one['sweep_s'] / summary['local']['sweep_s']:.2f}x; "
-          f"actor start-up {one['total_s'] - one['sweep_s']:.1f} s (1 worker), {two['total_s'] - two['sweep_s']:.1f} s (2)")
-    print(f"Ray's share of one unit: {overhead['round_trip_s'] * 1000:.1f} ms round trip (median of 30 empty units "
-          f"carrying a real unit's payload); a unit pickles to {overhead['unit_bytes'] / 1024:.0f} KiB, a cell's "
-          f"record to {overhead['records_bytes_per_cell'] / 1024:.1f} KiB")
+    ones = [c for c in configs if c.split("x")[0] == "1"]
+    if ones and "2" in summary:
+        for one_cfg in ones:
+            one, two = summary[one_cfg], summary["2"]
+            print(f"\n{_label(one_cfg, cpus)} / {_label('2', cpus)}: sweep {one['sweep_s'] / two['sweep_s']:.2f}x, "
+                  f"total {one['total_s'] / two['total_s']:.2f}x; actor start-up {one['total_s'] - one['sweep_s']:.1f} s "
+                  f"vs {two['total_s'] - two['sweep_s']:.1f} s")
+    if overhead is not None:
+        print(f"Ray's share of one unit: {overhead['round_trip_s'] * 1000:.1f} ms round trip (median of 30 empty "
+              f"units carrying a real unit's payload); a unit pickles to {overhead['unit_bytes'] / 1024:.0f} KiB, "
+              f"a cell's record to {overhead['records_bytes_per_cell'] / 1024:.1f} KiB")
     if ns.out:
         Path(ns.out).write_text(json.dumps({"runs": runs, "summary": summary, "overhead": overhead, "cpus": cpus,
                                             "lengths": ns.lengths, "samples": ns.samples}, indent=1) + "\n")
     ray.shutdown()
+
+
+def _label(cfg: str, cpus: int) -> str:
+    if cfg == "local":
+        return f"local runner ({cpus} threads)"
+    workers, _, per = cfg.partition("x")
+    per = per or str(max(1, cpus // int(workers)))
+    return f"Ray, {workers} worker{'s' if workers != '1' else ''} x {per} thread{'s' if per != '1' else ''}"
 
 
 def cmd_compare(ns) -> None:
@@ -175,6 +192,8 @@ def main() -> None:
     t.add_argument("--lengths", type=int, nargs="+", default=[2000])
     t.add_argument("--samples", type=int, default=1)
     t.add_argument("--rounds", type=int, default=2)
+    t.add_argument("--configs", default="local,1,2", help="comma list: local, N (N workers sharing the CPUs) "
+                   "or NxC (N workers of C CPUs each)")
     t.add_argument("--out")
     c = sub.add_parser("compare")
     c.add_argument("a")
@@ -183,6 +202,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     {"time": cmd_time, "compare": cmd_compare}[ns.cmd](ns)
 
 
