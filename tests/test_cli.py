@@ -100,6 +100,8 @@ def test_missing_model_dir(capsys):
     (["niah", "--methods", "full,bogus"], "unknown method"),
     (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
     (["niah", "--decode-batch", "0"], "--decode-batch"),
+    (["niah", "--workers", "2"], "need --ray"),
+    (["niah", "--ray=somewhere:6379", "--workers", "0"], "--workers must be >= 1"),  # --ray=ADDR is parsed
 ])
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
