@@ -167,6 +167,8 @@ def test_missing_model_dir(capsys):
     (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
     (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
     (["niah", "--samples", "0"], "--samples must be >= 1"),
+    (["niah", "--workers", "2"], "need --ray"),
+    (["niah", "--ray=somewhere:6379", "--workers", "0"], "--workers must be >= 1"),  # --ray=ADDR is parsed
 ])
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))

@@ -87,12 +87,29 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     return prompt
 
 
-def _generation_record(result, method) -> dict:
-    """The ``--json`` fields of one result."""
-    record = result.to_dict()
-    record["budget"] = method.budget if method.budget is not None else max(result.kept_tokens_per_head)
-    record["ratio"] = method.ratio
-    return record
+_RAY = typer.Option(False, "--ray", help="Run on Ray: a local Ray, or the cluster of --ray-address "
+                    "(--ray=ADDRESS works too). Needs pip install 'dapq[ray]'.")
+_RAY_ADDRESS = typer.Option(None, "--ray-address", help="Join this running Ray cluster (auto, host:6379, "
+                            "ray://host:10001); implies --ray.")
+_WORKERS = typer.Option(1, "--workers", help="Ray actors, one model each (with --ray).")
+_GPUS = typer.Option(None, "--gpus-per-worker", help="GPUs per Ray actor (default 1 where the cluster has "
+                     "GPUs, else 0).")
+
+
+def _ray_executor(spec, use_ray: bool, address: str | None, workers: int, gpus: float | None):
+    """A :class:`~dapq.integrations.ray.RayExecutor` for --ray, or None for the local runner."""
+    use_ray = use_ray or address is not None
+    if not use_ray:
+        if workers != 1 or gpus is not None:
+            raise ConfigError("--workers and --gpus-per-worker need --ray")
+        return None
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    try:
+        from .integrations.ray import RayExecutor
+    except ImportError:
+        raise DapqError("--ray needs Ray: pip install 'dapq[ray]'") from None
+    return RayExecutor(spec, workers=workers, gpus_per_worker=gpus, address=address)
 
 
 @app.command()
@@ -102,6 +119,11 @@ def generate(
     context_file: Path = typer.Option(None, "--context-file", help="Compress this context once and answer "
                                       "each --question from it (context-only compression)."),
     question: list[str] = typer.Option(None, "--question", help="A question about --context-file (repeatable)."),
+    input_file: Path = typer.Option(None, "--input", help="Bulk: a JSONL file of requests (id, prompt or "
+                                    "messages, optional method/budget/ratio)."),
+    output_file: Path = typer.Option(None, "--output", help="Bulk: the JSONL output (resumable: ids already "
+                                     "there are skipped)."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Bulk: requests of one method generated together."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     method: str = typer.Option("dapq", "--method", help="Compression method."),
     budget: int = typer.Option(None, "--budget", help="Prompt tokens kept per KV head per layer."),
@@ -121,14 +143,32 @@ def generate(
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, flash_attention_2."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures (one per question)."),
+    use_ray: bool = _RAY,
+    ray_address: str = _RAY_ADDRESS,
+    workers: int = _WORKERS,
+    gpus_per_worker: float = _GPUS,
 ) -> None:
-    """Compress the prompt's KV cache with one method and generate.
+    """Compress the prompt's KV cache with one method and generate (or a JSONL file of prompts: --input).
 
     With --context-file, only the context is compressed, once; each --question is then answered
     from the same compressed cache (the question itself is not compressed).
     """
     if ratio is not None and budget is not None:
         raise ConfigError("give --budget or --ratio, not both")
+    from .generation import SamplingConfig
+
+    sampling = SamplingConfig(
+        max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature, top_p=top_p, seed=seed,
+        stop=tuple(stop or ()),
+    )
+    if input_file is not None or output_file is not None:
+        if prompt is not None or prompt_file is not None or context_file is not None or question:
+            raise DapqError("give --input (bulk) or --prompt/--prompt-file/--context-file, not both")
+        return _generate_bulk(input_file, output_file, model, method, budget, ratio, window, content, preset, chat,
+                              answer_prefix, sampling, batch_size, dtype, device, attn, use_ray, ray_address,
+                              workers, gpus_per_worker)
+    if use_ray or ray_address is not None:
+        raise ConfigError("--ray runs bulk generation (--input/--output); one prompt runs here")
     chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
                                  preset=preset)
     if context_file is not None:
@@ -142,20 +182,15 @@ def generate(
         raise DapqError("--question needs --context-file (or put the question in the prompt)")
     else:
         text = _read_prompt(prompt, prompt_file)
-    from .generation import SamplingConfig
+    from .bulk import result_fields
+    from .generation import generate as run
     from .models import load_model
 
-    sampling = SamplingConfig(
-        max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature, top_p=top_p, seed=seed,
-        stop=tuple(stop or ()),
-    )
     _quiet_transformers()
     lm, tokenizer = load_model(model, dtype=dtype, device=device, attn_implementation=attn)
     if context_file is None:
-        from .generation import generate as run
-
         result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
-        typer.echo(json.dumps(_generation_record(result, chosen)) if as_json else result.text)
+        typer.echo(json.dumps(result_fields(result, chosen)) if as_json else result.text)
         return
     from .context import ask, compress_context
 
@@ -163,11 +198,49 @@ def generate(
     results = ask(lm, tokenizer, ctx, questions, answer_prefix=answer_prefix, sampling=sampling)
     for i, (q, result) in enumerate(zip(questions, results, strict=True)):
         if as_json:
-            typer.echo(json.dumps({"question": q, **_generation_record(result, chosen)}))
+            typer.echo(json.dumps({"question": q, **result_fields(result, chosen)}))
         elif len(questions) == 1:
             typer.echo(result.text)
         else:
             typer.echo(f"{'' if i == 0 else chr(10)}[{i + 1}] {q}\n{result.text}")
+
+
+def _generate_bulk(input_file, output_file, model, method, budget, ratio, window, content, preset, chat,
+                   answer_prefix, sampling, batch_size, dtype, device, attn, use_ray, ray_address, workers,
+                   gpus_per_worker) -> None:
+    """``dapq generate --input prompts.jsonl --output out.jsonl``: every request, resumable."""
+    from contextlib import nullcontext
+
+    from .bulk import GenerationLog, MethodDefaults, encode_requests, read_requests, run_bulk
+    from .models import ModelSpec
+
+    if input_file is None or output_file is None:
+        raise DapqError("bulk generation needs both --input and --output")
+    if batch_size < 1:
+        raise ConfigError("--batch-size must be >= 1")
+    if output_file.exists() and input_file.exists() and output_file.resolve() == input_file.resolve():
+        raise DapqError("--output must not be the --input file")
+    defaults = MethodDefaults(method=method, budget=budget, ratio=ratio, window=window, content=content,
+                              preset=preset)
+    requests = read_requests(input_file, defaults)  # every bad line fails here, before any loading
+    log = GenerationLog(output_file)  # a second writer, or a foreign file, fails here
+    spec = ModelSpec(model, dtype=dtype, device=device, attn_implementation=attn)
+    _quiet_transformers()
+    executor = _ray_executor(spec, use_ray, ray_address, workers, gpus_per_worker)
+    with executor or nullcontext():
+        if executor is None:
+            from .bench.executor import LocalExecutor
+
+            lm, tokenizer = spec.load()
+            config, runner = lm.config, LocalExecutor(lm, tokenizer)
+        else:
+            (tokenizer, config), runner = spec.load_tokenizer_and_config(), executor
+        requests = encode_requests(requests, tokenizer, input_file, chat=chat, answer_prefix=answer_prefix,
+                                   max_context=getattr(config, "max_position_embeddings", None),
+                                   max_new_tokens=sampling.max_new_tokens)
+        done = sum(r.id in log for r in requests)
+        written = run_bulk(runner, requests, log, sampling=sampling, batch_size=batch_size)
+    typer.echo(f"{written} generated, {done} already in {output_file}", err=True)
 
 
 @app.command()
@@ -203,6 +276,10 @@ def bench(
                                      "(with --shared-prefill)."),
     dtype: str = typer.Option("float32", "--dtype"),
     device: str = typer.Option(None, "--device"),
+    use_ray: bool = _RAY,
+    ray_address: str = _RAY_ADDRESS,
+    workers: int = _WORKERS,
+    gpus_per_worker: float = _GPUS,
 ) -> None:
     """Run a resumable accuracy sweep; finished cells are kept in OUT/results.jsonl."""
     from .bench.report import markdown, table
@@ -221,15 +298,27 @@ def bench(
         raise ConfigError("--decode-batch must be >= 1")
     args = TaskArgs(lengths=length_list, samples=samples, seed=seed, depths=depth_list, data=data,
                     tasks=tuple(t for t in tasks.split(",") if t), haystack=haystack)
-    store = ResultsStore(out)  # a foreign or corrupt file fails here, before any work
+    store = ResultsStore(out)  # a foreign or corrupt file, or a second writer, fails here, before any work
     _quiet_transformers()
-    from .models import load_model
+    from contextlib import nullcontext
 
-    lm, tokenizer = load_model(model, dtype=dtype, device=device)
-    args.max_context = getattr(lm.config, "max_position_embeddings", None)
-    sample_list = build_samples(taskset, tokenizer, args)
-    run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
-              shared_prefill=shared_prefill, decode_batch=decode_batch)
+    from .models import ModelSpec
+
+    spec = ModelSpec(model, dtype=dtype, device=device)
+    executor = _ray_executor(spec, use_ray, ray_address, workers, gpus_per_worker)
+    with executor or nullcontext():
+        # With Ray the driver only tokenises, schedules and writes: the weights load on the workers.
+        if executor is None:
+            lm, tokenizer = spec.load()
+            config = lm.config
+        else:
+            lm = None
+            tokenizer, config = spec.load_tokenizer_and_config()
+        args.max_context = max_context = getattr(config, "max_position_embeddings", None)
+        sample_list = build_samples(taskset, tokenizer, args)
+        run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
+                  shared_prefill=shared_prefill, decode_batch=decode_batch, executor=executor,
+                  max_context=max_context)
     header, rows = table(list(store), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
 
@@ -466,6 +555,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:2] == ["bench", "speed"]:
         # `dapq bench speed` has its own options; typer cannot mix them into the task-set command.
         argv = ["bench-speed", *argv[2:]]
+    # typer has no option with an optional value: `--ray` is a flag, `--ray=ADDRESS` is --ray-address.
+    argv = ["--ray-address=" + a[len("--ray="):] if a.startswith("--ray=") else a for a in argv]
     try:
         app(args=argv, standalone_mode=False)
     except typer.Exit as exc:

@@ -7,11 +7,13 @@ the user names a hub model id.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from .embedded import EMBEDDED_MODEL, dapq_home, embedded_model_dir  # noqa: F401  (re-exported)
+from .embedded import EMBEDDED_MODEL, embedded_model_dir
 from .errors import DapqError, UnsupportedModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -167,6 +169,60 @@ def load_model(
     model.to(dev).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to load a model: what is shipped to scale-out workers instead of the model itself.
+
+    Parameters
+    ----------
+    name : str, optional
+        As for :func:`load_model`: None for the embedded model, a directory, or a hub id. Each
+        worker loads it from its own disk (or the hub), so a directory must exist on every node.
+    dtype, device, attn_implementation : str
+        As for :func:`load_model`; ``device=None`` picks CUDA where the worker sees a GPU.
+    loader : callable, optional
+        ``loader(spec) -> (model, tokenizer)``, used instead of :func:`load_model` (tests build
+        tiny models in code with it). It must be picklable: a module-level function, or a
+        ``functools.partial`` of one.
+    """
+
+    name: str | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    attn_implementation: str = "sdpa"
+    loader: Callable[[ModelSpec], tuple] | None = None
+
+    def load(self):
+        """``(model, tokenizer)``, loaded in the calling process."""
+        if self.loader is not None:
+            return self.loader(self)
+        return load_model(self.name, dtype=self.dtype, device=self.device,
+                          attn_implementation=self.attn_implementation)
+
+    def load_tokenizer_and_config(self):
+        """``(tokenizer, config)`` without the weights: what a driver that only schedules needs."""
+        _dtype(self.dtype)  # a bad dtype fails here, on the driver, not in every worker
+        if self.loader is not None:
+            model, tokenizer = self.loader(self)  # only tests use loaders: their models are tiny
+            return tokenizer, model.config
+        from transformers import AutoConfig, AutoTokenizer
+
+        path = resolve_model_path(self.name)
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except OSError as exc:
+            raise DapqError(f"cannot load model {self.name!r}: {str(exc).splitlines()[0]}") from None
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        return AutoTokenizer.from_pretrained(path), config
+
+    def on(self, device: str | None) -> ModelSpec:
+        """The same spec on another device."""
+        return replace(self, device=device)
 
 
 def random_model_config(source: str):

@@ -12,7 +12,7 @@ FIX = Path(__file__).parent / "fixtures" / "sweep"
 
 
 def test_table_layout_and_averages():
-    records = list(ResultsStore(FIX))
+    records = list(ResultsStore.open_existing(FIX))
     header, rows = table(records, "niah")
     assert header[:3] == ["method", "budget", "NIAH"] and header[-4:] == ["avg", "% of FullKV", "KV kept", "KV MiB"]
     by = {(r[0], r[1]): r for r in rows}

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-import dapq.bench.runner as runner
+import dapq.bench.executor as executor
 from dapq.bench.runner import parse_budgets, parse_methods, run_sweep
 from dapq.bench.store import ResultsStore
 from dapq.bench.tasks import TaskArgs, build_samples
 from dapq.errors import ConfigError, DapqError
 
 from conftest import tiny_model
+from helpers import run_cli
+
+FIX = Path(__file__).parent / "fixtures" / "sweep"
 
 
 def test_store_round_trip_and_torn_last_line(tmp_path, capsys):
@@ -45,6 +53,46 @@ def test_store_refuses_foreign_and_corrupt_files(tmp_path):
         ResultsStore(corrupt)
 
 
+def test_the_lock_refuses_a_second_writer_and_dies_with_its_holder(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    shutil.copy(FIX / "results.jsonl", out / "results.jsonl")
+    before = (out / "results.jsonl").read_bytes()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dapq.bench.store import ResultsStore\n"
+         "s = ResultsStore(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(120)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DapqError, match="another dapq process is writing here"):
+            ResultsStore(out)
+        code, stdout, err = run_cli(capsys, "bench", "niah", "--out", str(out), "--methods", "full")
+        assert code == 2 and err.count("\n") == 1 and "another dapq process" in err and not stdout
+        code, stdout, _ = run_cli(capsys, "report", str(out), "--no-plots")  # readers take no lock
+        assert code == 0 and "## niah" in stdout
+        assert (out / "results.jsonl").read_bytes() == before  # the refused writer touched nothing
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a killed run: the kernel drops its lock
+        holder.wait()
+    with ResultsStore(out) as store:
+        assert len(store) == before.count(b"\n") - 1
+        store.append({"key": "after"})
+    assert "after" in ResultsStore(out)
+
+
+def test_a_reader_leaves_a_torn_line_to_the_writer(tmp_path, capsys):
+    store = ResultsStore(tmp_path)
+    store.append({"key": "a"})
+    with open(store.path, "a") as fh:
+        fh.write('{"key": "b", "sc')  # a running writer in mid-line
+    raw = store.path.read_bytes()
+    assert [r["key"] for r in ResultsStore.open_existing(tmp_path)] == ["a"]
+    assert store.path.read_bytes() == raw and "unfinished" in capsys.readouterr().err
+    with pytest.raises(DapqError, match="read-only"):
+        ResultsStore.open_existing(tmp_path).append({"key": "c"})
+
+
 def test_parse_methods_and_budgets():
     specs = parse_methods("full,dapq(keep_recent=8,content='random_vocab'),snapkv")
     assert [s.name for s in specs] == ["full", "dapq", "snapkv"]
@@ -68,7 +116,7 @@ def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch, shared):
     # Per-cell runs call generate() once a cell; shared-prefill runs call generate_many() once a prompt.
     name, dies_at, finished = ("generate_many", 2, per_sample) if shared else ("generate", 4, 3)
     calls = {"n": 0}
-    real = getattr(runner, name)
+    real = getattr(executor, name)
 
     def dying(*args, **kwargs):
         calls["n"] += 1
@@ -76,13 +124,13 @@ def test_sweep_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch, shared):
             raise KeyboardInterrupt  # the user pressed Ctrl-C
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, name, dying)
+    monkeypatch.setattr(executor, name, dying)
     store = ResultsStore(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
                   shared_prefill=shared)
     assert len(ResultsStore(tmp_path)) == finished  # what finished before the kill is on disk
-    monkeypatch.setattr(runner, name, real)
+    monkeypatch.setattr(executor, name, real)
     store = ResultsStore(tmp_path)
     ran = run_sweep(model, tokenizer, samples, methods, budgets, store, model_id="tiny", show_progress=False,
                     shared_prefill=shared)

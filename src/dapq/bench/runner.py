@@ -1,26 +1,19 @@
-"""The sweep runner: every (method, budget, sample) cell, resumable through the results store."""
+"""The sweep runner: every (method, budget, sample) cell, resumable through the results store.
+
+There is one runner for every executor: it computes the pending cells, groups them into work
+units, and writes what the executor (local or Ray, :mod:`dapq.bench.executor`) hands back.
+"""
 
 from __future__ import annotations
 
 import ast
-import json
 import re
-import time
 from dataclasses import dataclass
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
 from ..errors import ConfigError, DapqError
-from ..generation import encode_prompts, generate, generate_many
+from ..generation import encode_prompts
 from ..methods import build, method_class
-from .metrics import score
+from .executor import Cell, Executor, LocalExecutor, WorkUnit, write_results
 from .store import ResultsStore, cell_key
 from .tasks import Sample
 
@@ -108,72 +101,72 @@ def run_sweep(
     show_progress: bool = True,
     shared_prefill: bool = True,
     decode_batch: int = 8,
+    executor: Executor | None = None,
+    max_context: int | None = None,
 ) -> int:
     """Run every missing cell, appending each finished one to ``store``. Returns cells run.
 
-    Prompts are tokenised once per sample; the model is loaded once by the caller. With
-    ``shared_prefill`` (the default) each prompt is prefilled once and every pending (method,
-    budget) cell of it compresses a copy of that cache and is decoded in batches of up to
-    ``decode_batch`` cells (:func:`~dapq.generation.generate_many`): the same outputs as one
-    prefill per cell, several times faster. Without it, each cell is its own prefill +
-    compression + decode, whose timings are then per method.
+    Prompts are tokenised once per sample, here; the model is loaded once by the caller (or by
+    each worker of ``executor``). With ``shared_prefill`` (the default) each prompt is prefilled
+    once and every pending (method, budget) cell of it compresses a copy of that cache and is
+    decoded in batches of up to ``decode_batch`` cells (:func:`~dapq.generation.generate_many`):
+    the same outputs as one prefill per cell, several times faster. Without it, each cell is its
+    own prefill + compression + decode, whose timings are then per method.
+
+    The pending cells become work units (:func:`work_units`) that ``executor`` runs: by default a
+    :class:`~dapq.bench.executor.LocalExecutor` on ``model``; a
+    :class:`~dapq.integrations.ray.RayExecutor` spreads them over Ray actors (``model`` may then
+    be None, with the model's context length given as ``max_context``). Either way this process
+    alone writes ``store``.
     """
-    limit = getattr(model.config, "max_position_embeddings", None)
+    if model is not None:
+        max_context = getattr(model.config, "max_position_embeddings", None)
+    units = work_units(tokenizer, samples, methods, budgets, store, model_id=model_id, max_context=max_context,
+                       shared_prefill=shared_prefill, decode_batch=decode_batch)
+    if executor is None:
+        executor = LocalExecutor(model, tokenizer)
+    return write_results(executor, units, store, show_progress=show_progress)
+
+
+def work_units(
+    tokenizer,
+    samples: list[Sample],
+    methods: list[MethodSpec],
+    budgets: list[int],
+    store: ResultsStore,
+    *,
+    model_id: str,
+    max_context: int | None = None,
+    shared_prefill: bool = True,
+    decode_batch: int = 8,
+) -> list[WorkUnit]:
+    """The cells of a sweep missing from ``store``, grouped into work units.
+
+    A shared-prefill unit is every pending (method, budget) cell of one sample (one prefill,
+    wherever it runs); with ``shared_prefill=False`` each cell is a unit of its own.
+    """
     encoded = {}
     for s in samples:
         ids = encode_prompts(tokenizer, [s.prompt], chat=s.chat, answer_prefix=s.answer_prefix)[0]
-        if limit is not None and len(ids) + s.max_new_tokens + 64 > limit:
-            raise DapqError(f"{s.sample_id}: {len(ids)} prompt tokens exceed the model's context of {limit}")
-        encoded[s.sample_id] = ids
-    todo = []
+        if max_context is not None and len(ids) + s.max_new_tokens + 64 > max_context:
+            raise DapqError(f"{s.sample_id}: {len(ids)} prompt tokens exceed the model's context of {max_context}")
+        encoded[s.sample_id] = tuple(ids)
+    todo: list[tuple[Sample, Cell]] = []
     for spec, budget in cells(methods, budgets):
         method = spec.build(budget)
         for s in samples:
             key = cell_key(model=model_id, sample=s.sample_id, task=s.task, config=method.config(),
                            max_new_tokens=s.max_new_tokens, prompt=s.prompt, chat=s.chat)
             if key not in store:
-                todo.append((spec, budget, method, s, key))
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(), disable=not show_progress, transient=False,
-    )
+                todo.append((s, Cell(key=key, spec=spec, budget=budget)))
 
-    def save(cell, result, wall_s: float, shared: bool) -> None:
-        spec, budget, method, s, key = cell
-        text = result.text.lstrip("\n").split("\n")[0] if s.meta.get("first_line") else result.text
-        store.append({
-            "key": key, "model": model_id, "taskset": s.taskset, "task": s.task, "sample_id": s.sample_id,
-            "label": spec.label, "method": spec.name, "budget": budget, "config": method.config(),
-            "prediction": result.text, "references": list(s.references), "metric": s.metric,
-            "score": score(s.metric, text, s.references, **s.metric_args), "prompt_tokens": result.prompt_tokens,
-            "prefill_s": result.prefill_s, "compress_s": result.compress_s,
-            "decode_tokens_per_s": result.decode_tokens_per_s, "kv_bytes_full": result.kv_bytes_full,
-            "kv_bytes_kept": result.kv_bytes_kept, "wall_s": wall_s, "shared_prefill": shared,
-            "meta": json.loads(json.dumps(s.meta)),
-        })
-        progress.advance(bar)
+    def unit(s: Sample, group: list[Cell]) -> WorkUnit:
+        return WorkUnit(sample=s, prompt_ids=encoded[s.sample_id], cells=tuple(group), model_id=model_id,
+                        shared_prefill=shared_prefill, decode_batch=decode_batch)
 
-    with progress:
-        bar = progress.add_task("sweep", total=len(todo))
-        if shared_prefill:
-            by_sample: dict[str, list] = {}
-            for cell in todo:
-                by_sample.setdefault(cell[3].sample_id, []).append(cell)
-            for group in by_sample.values():
-                s = group[0][3]
-                progress.update(bar, description=f"{s.task} {s.sample_id}: {len(group)} cells, one prefill")
-                start = time.perf_counter()
-                results = generate_many(model, tokenizer, encoded[s.sample_id], [c[2] for c in group],
-                                        max_new_tokens=s.max_new_tokens, max_batch=decode_batch)
-                wall = (time.perf_counter() - start) / len(group)
-                for cell, result in zip(group, results, strict=True):
-                    save(cell, result, wall, True)
-        else:
-            for cell in todo:
-                spec, budget, method, s, _ = cell
-                progress.update(bar, description=f"{spec.label} budget={budget or 'all'} {s.task}")
-                start = time.perf_counter()
-                result = generate(model, tokenizer, [s.prompt], method, prompt_ids=[encoded[s.sample_id]],
-                                  max_new_tokens=s.max_new_tokens)[0]
-                save(cell, result, time.perf_counter() - start, False)
-    return len(todo)
+    if not shared_prefill:
+        return [unit(s, [c]) for s, c in todo]
+    by_sample: dict[str, tuple[Sample, list[Cell]]] = {}
+    for s, c in todo:
+        by_sample.setdefault(s.sample_id, (s, []))[1].append(c)
+    return [unit(s, group) for s, group in by_sample.values()]

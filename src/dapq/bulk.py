@@ -1,0 +1,234 @@
+"""Bulk generation: a JSONL file of prompts in, a resumable JSONL file of generations out.
+
+Each input line is one request::
+
+    {"id": "q1", "prompt": "text ...", "method": "snapkv", "budget": 64}
+    {"id": "q2", "messages": [{"role": "user", "content": "..."}], "ratio": 0.1}
+
+``id`` (a string or an integer, unique in the file) and exactly one of ``prompt`` (text;
+``--chat`` wraps it as one user turn) or ``messages`` (a chat, rendered with the tokenizer's chat
+template) are required. ``method`` (a name, or ``name(key=value,...)`` as in ``dapq bench
+--methods``), ``budget`` and ``ratio`` are optional and default to the command's ``--method``,
+``--budget`` and ``--ratio``; a record's ``method`` replaces the command's method with its
+``--window``, ``--content`` and ``--preset``.
+
+Each output line is what ``dapq generate --json`` prints, plus the request's ``id``. Requests of
+one method are run as left-padded batches of similar length (one :func:`~dapq.generation.generate`
+call each; greedy outputs equal running each prompt alone). The output file is resumable like a
+sweep's results: ids already in it are skipped, a torn last line is dropped, and it is locked
+against a second writer while a run appends to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bench.executor import Executor, write_results
+from .bench.store import JsonlLog
+from .errors import DapqError
+from .generation import SamplingConfig, encode_prompts, generate
+from .methods.base import Method
+
+
+class GenerationLog(JsonlLog):
+    """The output file of a bulk generation: one JSON object per finished request, keyed by ``id``.
+
+    The file itself is the lock while it is open for writing, so no lock file sits next to it.
+    """
+
+    key_field = "id"
+    required = ("id", "text")
+    kind = "dapq generation output"
+
+    def __init__(self, path: str | Path, *, writable: bool = True):
+        super().__init__(path, lock_path=path, writable=writable)
+
+
+@dataclass(frozen=True)
+class MethodDefaults:
+    """The command's method options, for requests that do not name their own."""
+
+    method: str = "dapq"
+    budget: int | None = None
+    ratio: float | None = None
+    window: int | None = None
+    content: str | None = None
+    preset: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated input line; ``prompt_ids`` is filled in by :func:`encode_requests`."""
+
+    id: str | int
+    line: int
+    method: Method
+    prompt: str | None = None
+    messages: tuple | None = None
+    prompt_ids: tuple[int, ...] = ()
+
+
+def result_fields(result, method: Method) -> dict:
+    """The fields of ``dapq generate --json`` for one :class:`~dapq.generation.GenerationResult`."""
+    record = result.to_dict()
+    record["budget"] = method.budget if method.budget is not None else max(result.kept_tokens_per_head)
+    record["ratio"] = method.ratio
+    return record
+
+
+def _method(rec: dict, defaults: MethodDefaults) -> Method:
+    from .bench.runner import parse_methods
+    from .cli import method_from_options
+    from .methods import build
+
+    own_budget = "budget" in rec or "ratio" in rec
+    budget = rec.get("budget") if own_budget else defaults.budget
+    ratio = rec.get("ratio") if own_budget else defaults.ratio
+    if budget is not None and ratio is not None:
+        raise DapqError("give a budget or a ratio, not both")
+    if "method" not in rec:
+        return method_from_options(defaults.method, budget=budget, ratio=ratio, window=defaults.window,
+                                   content=defaults.content, preset=defaults.preset)
+    if not isinstance(rec["method"], str):
+        raise DapqError("method must be a string such as \"snapkv\" or \"dapq(window=16)\"")
+    specs = parse_methods(rec["method"])
+    if len(specs) != 1:
+        raise DapqError(f"one method per request, got {rec['method']!r}")
+    spec = specs[0]
+    if spec.name == "full":
+        return build("full", **dict(spec.params))
+    if budget is None and ratio is None:
+        raise DapqError(f"method {spec.name!r} needs a budget or a ratio (in the record or as --budget/--ratio)")
+    return build(spec.name, budget=budget, ratio=ratio, **dict(spec.params))
+
+
+def _messages(value) -> tuple:
+    if not isinstance(value, list) or not value:
+        raise DapqError("messages must be a non-empty list of {\"role\": ..., \"content\": ...}")
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise DapqError("each message needs a string role and a string content")
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+
+def read_requests(path: str | Path, defaults: MethodDefaults) -> list[Request]:
+    """Parse and validate an input file; any bad line is a :class:`DapqError` naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DapqError(f"{path}: no such file")
+    requests: list[Request] = []
+    seen: dict = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                rec = json.loads(line)
+            except ValueError as exc:
+                raise DapqError(f"{where}: not JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise DapqError(f"{where}: a request must be a JSON object")
+            rid = rec.get("id")
+            if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+                raise DapqError(f"{where}: missing id (a non-empty string or an integer)")
+            if rid in seen:
+                raise DapqError(f"{where}: duplicate id {rid!r} (first on line {seen[rid]})")
+            seen[rid] = number
+            if ("prompt" in rec) == ("messages" in rec):
+                raise DapqError(f"{where}: give exactly one of prompt and messages")
+            try:
+                if "prompt" in rec:
+                    if not isinstance(rec["prompt"], str) or not rec["prompt"].strip():
+                        raise DapqError("the prompt must be a non-empty string")
+                    prompt, messages = rec["prompt"], None
+                else:
+                    prompt, messages = None, _messages(rec["messages"])
+                method = _method(rec, defaults)
+            except DapqError as exc:
+                raise DapqError(f"{where}: {exc}") from None
+            requests.append(Request(id=rid, line=number, method=method, prompt=prompt, messages=messages))
+    if not requests:
+        raise DapqError(f"{path}: no requests")
+    return requests
+
+
+def encode_requests(requests: Sequence[Request], tokenizer, path: str | Path, *, chat: bool = False,
+                    answer_prefix: str | None = None, max_context: int | None = None,
+                    max_new_tokens: int = 64) -> list[Request]:
+    """Tokenise every request (chat template for ``messages``), checking it fits the model."""
+    out = []
+    for r in requests:
+        where = f"{path}:{r.line}"
+        try:
+            if r.messages is not None:
+                if not getattr(tokenizer, "chat_template", None):
+                    raise DapqError("messages need a tokenizer with a chat template")
+                text = tokenizer.apply_chat_template(list(r.messages), add_generation_prompt=True, tokenize=False)
+                ids = tokenizer(text + (answer_prefix or ""), add_special_tokens=False)["input_ids"]
+                if not ids:
+                    raise DapqError("a prompt tokenizes to nothing")
+            else:
+                ids = encode_prompts(tokenizer, [r.prompt], chat=chat, answer_prefix=answer_prefix)[0]
+        except DapqError as exc:
+            raise DapqError(f"{where}: {exc}") from None
+        if max_context is not None and len(ids) + max_new_tokens > max_context:
+            raise DapqError(f"{where}: prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the "
+                            f"model's context of {max_context}")
+        out.append(Request(id=r.id, line=r.line, method=r.method, prompt=r.prompt, messages=r.messages,
+                           prompt_ids=tuple(ids)))
+    return out
+
+
+@dataclass(frozen=True)
+class GenerationUnit:
+    """Requests of one method, generated as one left-padded batch on one worker."""
+
+    requests: tuple[Request, ...]
+    method: Method
+    sampling: SamplingConfig
+
+    @property
+    def keys(self) -> tuple:
+        return tuple(r.id for r in self.requests)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method.name}: {len(self.requests)} prompt(s)"
+
+    def run(self, model, tokenizer) -> list[dict]:
+        results = generate(model, tokenizer, [], self.method, self.sampling,
+                           prompt_ids=[list(r.prompt_ids) for r in self.requests])
+        return [{"id": r.id, **result_fields(res, self.method)}
+                for r, res in zip(self.requests, results, strict=True)]
+
+
+def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batch_size: int = 4
+                     ) -> list[GenerationUnit]:
+    """Batches of up to ``batch_size`` requests that share a method, neighbours in length.
+
+    Sorting by length within a method keeps left padding (wasted prefill work) small.
+    """
+    if batch_size < 1:
+        raise DapqError("--batch-size must be >= 1")
+    groups: dict[str, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(json.dumps(r.method.config(), sort_keys=True, default=str), []).append(r)
+    units = []
+    for group in groups.values():
+        group = sorted(group, key=lambda r: len(r.prompt_ids))
+        for start in range(0, len(group), batch_size):
+            chunk = tuple(group[start : start + batch_size])
+            units.append(GenerationUnit(requests=chunk, method=chunk[0].method, sampling=sampling))
+    return units
+
+
+def run_bulk(executor: Executor, requests: Sequence[Request], log: GenerationLog, *, sampling: SamplingConfig,
+             batch_size: int = 4, show_progress: bool = True) -> int:
+    """Generate every request whose id is not in ``log`` yet; returns the records written."""
+    todo = [r for r in requests if r.id not in log]
+    units = generation_units(todo, sampling, batch_size)
+    return write_results(executor, units, log, show_progress=show_progress, description="generate")

@@ -1,0 +1,122 @@
+"""Bulk generation (`dapq generate --input/--output`): validation, resume, the --json fields, the lock."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dapq.bulk import GenerationLog
+
+from conftest import TOKENIZER
+from helpers import run_cli, save_tiny
+
+REQUESTS = [
+    {"id": "a", "prompt": "The grass is green. The sky is blue. What color is the sky?"},
+    {"id": 2, "messages": [{"role": "user", "content": "Paris is the capital of France."}], "method": "snapkv"},
+    {"id": "c", "prompt": "One of the special magic numbers for sleepy-owl is: 4817263.", "method": "full"},
+    {"id": "d", "prompt": "There and back again. The sun is yellow.", "ratio": 0.5},
+    {"id": "e", "prompt": "Berlin is the capital of Germany. 0123456789 Here we go.", "budget": 6,
+     "method": "dapq(window=4)"},
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("model"), TOKENIZER, max_position_embeddings=1024)
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", REQUESTS)
+    out = tmp_path / "out.jsonl"
+    common = ["generate", "--model", model_dir, "--input", src, "--output", str(out), "--budget", "8",
+              "--max-new-tokens", "6"]
+    assert run_cli(capsys, *common, "--batch-size", "2")[0] == 0
+    first = out.read_text().splitlines()
+    assert len(first) == len(REQUESTS)
+    out.write_text("\n".join(first[:3]) + '\n{"id": "d", "text": "tor')  # killed in mid-line
+    code, _, err = run_cli(capsys, *common)
+    assert code == 0 and "torn" in err and "2 generated, 3 already" in err
+    again = out.read_text().splitlines()
+    assert again[:3] == first[:3]
+    assert {json.loads(x)["id"]: json.loads(x)["text"] for x in again} == {
+        json.loads(x)["id"]: json.loads(x)["text"] for x in first}
+    assert run_cli(capsys, *common)[0] == 0 and out.read_text().splitlines() == again  # nothing left to do
+    # Each record equals `dapq generate --json` on that request alone, plus its id.
+    by_id = {json.loads(x)["id"]: json.loads(x) for x in again}
+    code, alone, _ = run_cli(capsys, "generate", "--model", model_dir, "--prompt", REQUESTS[3]["prompt"],
+                             "--ratio", "0.5", "--max-new-tokens", "6", "--json")
+    alone = json.loads(alone)
+    assert set(by_id["d"]) == set(alone) | {"id"}
+    assert {k: by_id["d"][k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")} == {
+        k: alone[k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")}
+    assert by_id["e"]["config"]["window"] == 4 and by_id["e"]["budget"] == 6
+    assert by_id[2]["method"] == "snapkv" and by_id[2]["budget"] == 8 and by_id["c"]["method"] == "full"
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "not JSON"),
+    ('{"prompt": "x"}', "missing id"),
+    ('{"id": "a", "prompt": "x"}', "duplicate id 'a' (first on line 1)"),
+    ('{"id": "z"}', "exactly one of prompt and messages"),
+    ('{"id": "z", "prompt": "x", "messages": []}', "exactly one of prompt and messages"),
+    ('{"id": "z", "messages": [{"role": "user"}]}', "string content"),
+    ('{"id": "z", "prompt": "x", "method": "bogus"}', "unknown method"),
+    ('{"id": "z", "prompt": "x", "budget": 0}', "budget must be"),
+    ('{"id": "z", "prompt": "x", "budget": 8, "ratio": 0.5}', "not both"),
+    ('[1, 2]', "JSON object"),
+])
+def test_a_bad_request_names_its_line(model_dir, tmp_path, capsys, line, message):
+    src = _write(tmp_path / "in.jsonl", [REQUESTS[0], line])
+    out = tmp_path / "out.jsonl"
+    code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--input", src, "--output", str(out),
+                           "--budget", "8")
+    assert code == 2 and err.count("\n") == 1 and "in.jsonl:2: " in err and message in err, err
+    assert not out.exists()  # checked before anything is loaded or written
+
+
+def test_bad_bulk_options(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", REQUESTS[:1])
+    for args, message in [
+        (["--input", src], "both --input and --output"),
+        (["--input", src, "--output", src], "must not be the --input"),
+        (["--input", src, "--output", str(tmp_path / "o"), "--prompt", "x"], "not both"),
+        (["--input", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")], "no such file"),
+        (["--prompt", "x", "--ray"], "--ray runs bulk generation"),
+    ]:
+        code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", *args)
+        assert code == 2 and message in err and err.count("\n") == 1, (args, err)
+    foreign = _write(tmp_path / "foreign.jsonl", [{"something": "else"}])
+    code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src,
+                           "--output", foreign)
+    assert code == 2 and "foreign.jsonl:1: corrupt record" in err
+
+
+def test_the_output_is_locked_against_a_second_writer(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", REQUESTS[:1])
+    out = tmp_path / "out.jsonl"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom dapq.bulk import GenerationLog\n"
+         "log = GenerationLog(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(120)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src,
+                               "--output", str(out))
+        assert code == 2 and "another dapq process is writing" in err and err.count("\n") == 1
+        assert out.read_text() == ""
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src, "--output",
+                   str(out), "--max-new-tokens", "4")[0] == 0
+    assert [r["id"] for r in GenerationLog(out, writable=False)] == ["a"]
