@@ -164,7 +164,7 @@ def run_sweep(
                 progress.update(bar, description=f"{s.task} {s.sample_id}: {len(group)} cells, one prefill")
                 start = time.perf_counter()
                 results = generate_many(model, tokenizer, encoded[s.sample_id], [c[2] for c in group],
-                                        max_new_tokens=s.max_new_tokens, max_batch=decode_batch)
+                                        max_new_tokens=s.max_new_tokens, stop=s.stop, max_batch=decode_batch)
                 wall = (time.perf_counter() - start) / len(group)
                 for cell, result in zip(group, results, strict=True):
                     save(cell, result, wall, True)
@@ -174,6 +174,6 @@ def run_sweep(
                 progress.update(bar, description=f"{spec.label} budget={budget or 'all'} {s.task}")
                 start = time.perf_counter()
                 result = generate(model, tokenizer, [s.prompt], method, prompt_ids=[encoded[s.sample_id]],
-                                  max_new_tokens=s.max_new_tokens)[0]
+                                  max_new_tokens=s.max_new_tokens, stop=s.stop)[0]
                 save(cell, result, time.perf_counter() - start, False)
     return len(todo)
