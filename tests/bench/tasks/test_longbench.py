@@ -55,6 +55,7 @@ def test_all_13_tasks_from_the_official_layout(tokenizer, data):
         assert s.references == tuple(str(a) for a in row["answers"])
         assert s.metric == METRIC[s.task] and s.max_new_tokens == MAX_NEW_TOKENS[s.task]
         assert s.chat == (s.task not in NO_CHAT) and s.meta["first_line"] == (s.task in FIRST_LINE)
+        assert s.meta["context_words"] == row["length"] and "length" not in s.meta  # not a token length
         # The context part ends right after the substituted context.
         assert s.prompt[: s.context_end].endswith(row["context"])
         assert s.prompt[s.context_end :] == PROMPTS[s.task].partition("{context}")[2].format(**row)
