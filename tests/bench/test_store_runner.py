@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -164,3 +165,21 @@ def test_unknown_taskset_and_too_long(tokenizer):
         build_samples("nope", tokenizer, TaskArgs())
     with pytest.raises(DapqError, match="longer than the model"):
         build_samples("niah", tokenizer, TaskArgs(lengths=(9000,), max_context=512))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_sample_stop_strings_cut_the_prediction(tmp_path, tokenizer, shared):
+    # HELMET's newline stopping goes through Sample.stop: the stored prediction is the output
+    # cut before the first stop string (a string this model is known to produce, found first).
+    model = tiny_model("llama", max_position_embeddings=1024)
+    (sample,) = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.5,)))
+    free = ResultsStore(tmp_path / "free")
+    run_sweep(model, tokenizer, [sample], parse_methods("full"), [16], free, model_id="tiny", show_progress=False,
+              shared_prefill=shared)
+    text = next(iter(free))["prediction"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert len(text) > 4 and stop and text.index(stop) > 0
+    stopped = ResultsStore(tmp_path / "stopped")
+    run_sweep(model, tokenizer, [dataclasses.replace(sample, stop=(stop,))], parse_methods("full"), [16], stopped,
+              model_id="tiny", show_progress=False, shared_prefill=shared)
+    assert next(iter(stopped))["prediction"] == text[: text.index(stop)]

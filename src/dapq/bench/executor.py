@@ -111,7 +111,7 @@ def run_unit(model, tokenizer, unit) -> list[dict]:
     if unit.shared_prefill:
         start = time.perf_counter()
         results = generate_many(model, tokenizer, list(unit.prompt_ids), methods,
-                                max_new_tokens=s.max_new_tokens, max_batch=unit.decode_batch)
+                                max_new_tokens=s.max_new_tokens, stop=s.stop, max_batch=unit.decode_batch)
         wall = (time.perf_counter() - start) / len(methods)
         for cell, method, result in zip(unit.cells, methods, results, strict=True):
             records.append(_record(unit, cell, method, result, wall))
@@ -119,7 +119,7 @@ def run_unit(model, tokenizer, unit) -> list[dict]:
         for cell, method in zip(unit.cells, methods, strict=True):
             start = time.perf_counter()
             result = generate(model, tokenizer, [s.prompt], method, prompt_ids=[list(unit.prompt_ids)],
-                              max_new_tokens=s.max_new_tokens)[0]
+                              max_new_tokens=s.max_new_tokens, stop=s.stop)[0]
             records.append(_record(unit, cell, method, result, time.perf_counter() - start))
     return records
 

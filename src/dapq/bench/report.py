@@ -13,17 +13,35 @@ from .store import ResultsStore
 TASK_ORDER = {
     "ruler": ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
               "niah_multikey_3", "niah_multiquery", "niah_multivalue", "cwe", "fwe", "vt"),
+    "longbench": ("qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec",
+                  "triviaqa", "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p"),
+    # LongBench v2's result.py: Overall, Easy, Hard, Short, Medium, Long.
+    "longbench-v2": ("longbench-v2", "longbench-v2:easy", "longbench-v2:hard", "longbench-v2:short",
+                     "longbench-v2:medium", "longbench-v2:long"),
+    # The DapQ paper's Table 14.
+    "helmet": ("icl_banking77", "icl_clinic150", "icl_nlu", "icl_trec_coarse", "icl_trec_fine", "narrativeqa",
+               "infbench_qa_eng", "kilt_hotpotqa", "kilt_nq", "kilt_popqa_3", "kilt_triviaqa"),
 }
 DISPLAY = {
     "niah_single_1": "S-NIAH-1", "niah_single_2": "S-NIAH-2", "niah_single_3": "S-NIAH-3",
     "niah_multikey_1": "MK-NIAH-1", "niah_multikey_2": "MK-NIAH-2", "niah_multikey_3": "MK-NIAH-3",
     "niah_multiquery": "MQ-NIAH", "niah_multivalue": "MV-NIAH", "vt": "VT", "cwe": "CWE", "fwe": "FWE",
     "niah": "NIAH", "niah_sentence": "NIAH-sentence",
+    "longbench-v2": "Overall", "longbench-v2:easy": "Easy", "longbench-v2:hard": "Hard",
+    "longbench-v2:short": "Short", "longbench-v2:medium": "Medium", "longbench-v2:long": "Long",
 }
+# Decimals of a task's score: LongBench's eval.py reports round(100 * mean, 2); others one decimal
+# (LongBench v2's result.py rounds to 1).
+DIGITS = {"longbench": 2}
 
 
 def _mean(xs):
     return sum(xs) / len(xs) if xs else None
+
+
+def _percent(mean: float, digits: int) -> str:
+    """``round(100 * mean, digits)``, LongBench's and LongBench v2's rounding, shown with ``digits`` decimals."""
+    return f"{round(100 * mean, digits):.{digits}f}"
 
 
 def _row_key(r: dict) -> tuple[str, int | None]:
@@ -63,13 +81,14 @@ def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]
     averages = {k: _mean([_mean(v[t]) for t in base_tasks if v.get(t)]) for k, v in scores.items()}
     full_avg = next((a for (label, _), a in averages.items() if label == "full"), None)
     header = ["method", "budget"] + [DISPLAY.get(t, t) for t in order] + ["avg", "% of FullKV", "KV kept", "KV MiB"]
+    digits = DIGITS.get(taskset, 1)
     rows = []
     for key in _sort_rows(scores):
         label, budget = key
-        cells = [f"{100 * m:.1f}" if (m := _mean(scores[key].get(t, []))) is not None else "-" for t in order]
+        cells = [_percent(m, digits) if (m := _mean(scores[key].get(t, []))) is not None else "-" for t in order]
         avg = averages[key]
         rel = f"{100 * avg / full_avg:.1f}" if avg is not None and full_avg else "-"
-        rows.append([label, str(budget or "all"), *cells, f"{100 * avg:.1f}" if avg is not None else "-", rel,
+        rows.append([label, str(budget or "all"), *cells, _percent(avg, digits) if avg is not None else "-", rel,
                      f"{100 * _mean(kv[key]):.1f}%" if kv[key] else "-",
                      f"{_mean(kv_mib[key]):.1f}" if kv_mib[key] else "-"])
     return header, rows

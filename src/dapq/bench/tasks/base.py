@@ -31,6 +31,9 @@ class Sample:
     """Character offset in ``prompt`` where the context part ends and the question part begins:
     ``prompt[:context_end]`` is what ``--compress context`` compresses, ``prompt[context_end:]``
     the question that follows it uncompressed. None where a task has no separate question."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends at the first one and the output is cut before it
+    (HELMET's newline stopping)."""
 
     def __post_init__(self) -> None:
         if self.context_end is not None and not 0 < self.context_end <= len(self.prompt):
