@@ -164,6 +164,9 @@ def test_missing_model_dir(capsys):
     (["niah", "--methods", "full,bogus"], "unknown method"),
     (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
     (["niah", "--decode-batch", "0"], "--decode-batch"),
+    (["niah", "--compress", "question"], "--compress must be one of prompt, context"),
+    (["niah", "--ratios", "0.5,1.5"], "ratios must lie in (0, 1)"),
+    (["niah", "--methods", "full,kvpress:"], "cannot parse method"),
     (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
     (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
     (["niah", "--samples", "0"], "--samples must be >= 1"),
@@ -173,6 +176,16 @@ def test_missing_model_dir(capsys):
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_context_mode_with_ratios(capsys, model_dir, tmp_path):
+    out = tmp_path / "ctx"
+    code, stdout, err = run(capsys, "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0.5",
+                            "--samples", "1", "--methods", "full,dapq", "--ratios", "0.5", "--compress", "context",
+                            "--out", str(out))
+    assert code == 0, err
+    assert "| method | budget | compress | NIAH |" in stdout and "| dapq | 50% | context |" in stdout
+    assert "| dapq | 64 |" not in stdout  # --ratios alone: no default budgets
 
 
 def test_bench_out_is_a_file(capsys, model_dir, tmp_path):

@@ -257,8 +257,14 @@ def methods() -> None:
 def bench(
     taskset: str = typer.Argument(..., help="niah, ruler, longbench, longbench-v2 or helmet "
                                   "(or speed: see `dapq bench speed --help`)."),
-    methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets parameters."),
-    budgets: str = typer.Option("64,128,256", "--budgets", help="Comma list of KV budgets."),
+    methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets "
+                                "parameters; kvpress:PressName(...) runs a kvpress press through kvpress's pipeline."),
+    budgets: str = typer.Option(None, "--budgets", help="Comma list of KV budgets (tokens per KV head per layer; "
+                                "default 64,128,256 unless --ratios is given)."),
+    ratios: str = typer.Option(None, "--ratios", help="Comma list of fractions of each prompt (or context) kept, "
+                               "in (0, 1): kvpress's 1 - compression_ratio."),
+    compress: str = typer.Option("prompt", "--compress", help="prompt: compress the whole prompt (the paper's "
+                                 "setting); context: compress the context only, then feed the question."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     lengths: str = typer.Option("", "--lengths", help="Prompt lengths in tokens (niah, ruler: default 4000; "
                                 "longbench, helmet: truncation length, default the model's context)."),
@@ -285,12 +291,15 @@ def bench(
 ) -> None:
     """Run a resumable accuracy sweep; finished cells are kept in OUT/results.jsonl."""
     from .bench.report import markdown, table
-    from .bench.runner import parse_budgets, parse_methods, run_sweep
+    from .bench.runner import COMPRESS_MODES, parse_budgets, parse_methods, parse_ratios, run_sweep
     from .bench.store import ResultsStore
     from .bench.tasks import TaskArgs, build_samples
 
+    if compress not in COMPRESS_MODES:
+        raise ConfigError(f"--compress must be one of {', '.join(COMPRESS_MODES)}, got {compress!r}")
     specs = parse_methods(methods)
-    budget_list = parse_budgets(budgets)
+    ratio_list = parse_ratios(ratios) if ratios is not None else []
+    budget_list = parse_budgets(budgets) if budgets is not None else [] if ratio_list else [64, 128, 256]
     try:
         length_list = tuple(int(x) for x in lengths.split(",") if x.strip())
         depth_list = tuple(float(x) for x in depths.split(",") if x.strip())
@@ -319,8 +328,8 @@ def bench(
         args.max_context = max_context = getattr(config, "max_position_embeddings", None)
         sample_list = build_samples(taskset, tokenizer, args)
         run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
-                  shared_prefill=shared_prefill, decode_batch=decode_batch, executor=executor,
-                  max_context=max_context)
+                  ratios=ratio_list, compress=compress, model_spec=spec, shared_prefill=shared_prefill,
+                  decode_batch=decode_batch, executor=executor, max_context=max_context)
     header, rows = table(list(store), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
 
@@ -363,11 +372,11 @@ def bench_speed(
     """Throughput, TTFT and memory of every method, side by side with kvpress; resumable."""
     import torch
 
-    from .bench.peers import PRESSES, run_kvpress
     from .bench.report import render
     from .bench.runner import parse_methods
     from .bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
     from .bench.store import ResultsStore
+    from .integrations.kvpress_peer import PRESSES, run_kvpress
     from .methods import available, method_class
     from .models import resolve_device
 

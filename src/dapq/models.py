@@ -220,6 +220,15 @@ class ModelSpec:
             )
         return AutoTokenizer.from_pretrained(path), config
 
+    def peer_fields(self) -> dict:
+        """What a peer's child process loads (kvpress, :mod:`dapq.integrations.kvpress_peer`).
+
+        A child cannot run a ``loader``; it loads ``name`` with :func:`load_model`.
+        """
+        if self.loader is not None:
+            raise DapqError("a peer's child process cannot use a model loader: give the model as a directory")
+        return {"name": self.name, "dtype": self.dtype, "device": self.device, "attn": self.attn_implementation}
+
     def on(self, device: str | None) -> ModelSpec:
         """The same spec on another device."""
         return replace(self, device=device)

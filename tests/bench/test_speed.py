@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from dapq.bench import speed
-from dapq.bench.peers import press_kwargs, run_kvpress
 from dapq.bench.runner import parse_methods
 from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, Timing, measure
 from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
 from dapq.decoding import DecodeStepper
+from dapq.integrations.kvpress_peer import press_kwargs, run_kvpress
 from dapq.methods import build
 
 from conftest import TOKENIZER, random_prompt, tiny_model
