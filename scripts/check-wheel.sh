@@ -40,10 +40,9 @@ assert random_model_config("llama-3-8b").num_hidden_layers == 32
 print(f"check-wheel: dapq {dapq.__version__} from {dapq.__file__} on transformers {transformers.__version__}")
 EOF
 "$work/venv/bin/dapq" methods
-prompt="The capital of France is Paris. The capital of Germany is Berlin. The grass is green. The sky is blue. \
-The sun is yellow. Here we go. There and back again. What is the capital of France?"
-"$work/venv/bin/dapq" generate --method full --chat --max-new-tokens 12 --json --prompt "$prompt" \
+"$work/venv/bin/dapq" generate --method full --chat --max-new-tokens 12 --json --prompt "What is the capital of France?" \
     | "$py" -c 'import json, sys; r = json.load(sys.stdin); print("check-wheel: full ->", repr(r["text"])); assert "Paris" in r["text"]'
+prompt="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. What is green?"
 "$work/venv/bin/dapq" generate --method dapq --budget 16 --chat --max-new-tokens 12 --json --prompt "$prompt" \
     | "$py" -c 'import json, sys; r = json.load(sys.stdin); print("check-wheel: dapq ->", repr(r["text"]), "KV kept", r["kv_bytes_kept"], "of", r["kv_bytes_full"]); assert r["kept_tokens_per_head"] == [16] * 30 and r["kv_bytes_kept"] < r["kv_bytes_full"]'
 echo "check-wheel: passed"
