@@ -357,7 +357,8 @@ def bench_speed(
     repeats: int = typer.Option(None, "--repeats", help="Timed runs per cell (default 3)."),
     warmup: int = typer.Option(None, "--warmup", help="Untimed runs per cell (default 1)."),
     parts: str = typer.Option("ttft,decode,e2e,peer", "--parts", help="Which cells: ttft, decode, e2e, peer."),
-    peers: str = typer.Option("snapkv,streamingllm", "--peers", help="kvpress presses for the peer row, or none."),
+    peers: str = typer.Option("snapkv,streamingllm", "--peers", help="kvpress presses for the peer rows (snapkv, "
+                              "streamingllm with dapq's settings, or kvpress:PressName), or none."),
     quick: bool = typer.Option(False, "--quick", help="Tiny sizes, every kind of cell: a smoke test (< 2 min)."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     random_weights: str = typer.Option(None, "--random-weights", help="Build a random-weight model from a "
@@ -376,7 +377,7 @@ def bench_speed(
     from .bench.runner import parse_methods
     from .bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
     from .bench.store import ResultsStore
-    from .integrations.kvpress_peer import PRESSES, run_kvpress
+    from .integrations.kvpress_peer import NO_PRESS, run_kvpress, speed_press
     from .methods import available, method_class
     from .models import resolve_device
 
@@ -396,8 +397,10 @@ def bench_speed(
     if not part_list or set(part_list) - set(PARTS):
         raise ConfigError(f"--parts must be a comma list of {', '.join(PARTS)}")
     peer_list = () if peers == "none" else tuple(p for p in peers.split(",") if p)
-    if set(peer_list) - set(PRESSES):
-        raise ConfigError(f"--peers must be none or a comma list of {', '.join(PRESSES)}")
+    for name in peer_list:
+        speed_press(name)  # an unknown peer fails here, before any model loads
+    if peer_list:
+        peer_list = (*peer_list, NO_PRESS)  # the pipeline without a press: each press's prefill cost
     cfg = SpeedConfig(
         context=context or base.context, budget=budget or base.budget,
         lengths=_int_list(lengths, "--lengths", 2) if lengths else base.lengths,

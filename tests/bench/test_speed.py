@@ -15,6 +15,7 @@ from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
 from dapq.decoding import DecodeStepper
+from dapq.errors import DapqError
 from dapq.integrations.kvpress_peer import press_kwargs, run_kvpress
 from dapq.methods import build
 
@@ -285,3 +286,22 @@ def test_random_weights_from_a_config_file(tmp_path):
     store = _run(model, tmp_path, methods="full,dapq", cfg=SpeedConfig(**{**TINY.__dict__, "parts": ("decode",),
                                                                           "batches": (1,)}))
     assert all(r["tokens_per_s"] > 0 for r in store)
+
+
+def test_any_kvpress_press_as_a_speed_peer_with_its_prefill_cost(tmp_path, tokenizer):
+    import_kvpress()
+    path = save_tiny(tmp_path / "m", tokenizer)
+    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
+            "threads": 1, "budget": 8, "presses": ["kvpress:TOVAPress", "none"], "decode_tokens": 3,
+            "repeats": 2, "warmup": 0, "ids": random_prompt(40)}
+    rows = {r["label"]: r for r in run_kvpress(spec, timeout=300)}
+    assert set(rows) == {"kvpress-kvpress:TOVAPress", "kvpress-none"}, rows
+    tova, none = rows["kvpress-kvpress:TOVAPress"], rows["kvpress-none"]
+    assert tova["press"] == "TOVAPress" and none["press"] is None and len(tova["runs"]) == len(none["runs"]) == 2
+    paired = [a["prefill_s"] / b["prefill_s"] for a, b in zip(tova["runs"], none["runs"], strict=True)]
+    assert tova["prefill_ratio_to_no_press"] == pytest.approx(sorted(paired)[0] / 2 + sorted(paired)[1] / 2)
+    assert "prefill_ratio_to_no_press" not in none
+    from dapq.integrations.kvpress_peer import speed_press
+
+    with pytest.raises(DapqError, match="no kvpress peer"):
+        speed_press("tova")

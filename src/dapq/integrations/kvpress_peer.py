@@ -40,6 +40,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -84,8 +85,28 @@ def kept_tokens(context_len: int, budget: int | None, ratio: float | None) -> in
     return min(n, context_len)
 
 
+#: The speed row's baseline: kvpress's pipeline without a press, timed in the same child and rounds.
+NO_PRESS = "none"
+
+
+def speed_press(name: str) -> str | None:
+    """The kvpress class of a speed peer: ``snapkv``, ``streamingllm``, ``kvpress:PressName``; None for the baseline."""
+    if name == NO_PRESS:
+        return None
+    if name.startswith(PREFIX) and len(name) > len(PREFIX):
+        return name[len(PREFIX):]
+    if name in PRESSES:
+        return PRESSES[name]
+    raise DapqError(f"no kvpress peer {name!r}; choose from {', '.join(PRESSES)} or kvpress:PressName")
+
+
 def press_kwargs(name: str, budget: int, context_len: int) -> dict:
-    """kvpress arguments of the speed row that keep exactly ``budget`` context tokens, dapq's defaults otherwise."""
+    """kvpress arguments of the speed row that keep exactly ``budget`` context tokens.
+
+    ``snapkv`` and ``streamingllm`` take dapq's settings of the same method; a ``kvpress:PressName``
+    its own defaults.
+    """
+    speed_press(name)
     if budget >= context_len:
         raise DapqError(f"budget {budget} keeps the whole {context_len}-token context; nothing to compress")
     ratio = compression_ratio(budget, context_len)
@@ -93,7 +114,7 @@ def press_kwargs(name: str, budget: int, context_len: int) -> dict:
         return {"compression_ratio": ratio, "window_size": 8, "kernel_size": 7}  # dapq's SnapKV settings
     if name == "streamingllm":
         return {"compression_ratio": ratio, "n_sink": 4}
-    raise DapqError(f"no kvpress peer for {name!r}; choose from {', '.join(PRESSES)}")
+    return {"compression_ratio": ratio}
 
 
 def run_kvpress(spec: dict, *, timeout: float = 3600) -> list[dict]:
@@ -111,7 +132,14 @@ def run_kvpress(spec: dict, *, timeout: float = 3600) -> list[dict]:
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return [{"label": "kvpress", "error": f"timed out after {timeout:.0f} s"}]
-    rows = [_summarise(json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    baseline = next((r.get("runs") for r in rows if r.get("label") == f"kvpress-{NO_PRESS}"), None)
+    for row in rows:
+        if baseline and row.get("runs") and row["label"] != f"kvpress-{NO_PRESS}":
+            # The press's prefill against the pipeline's own without a press, round by round.
+            ratios = [a["prefill_s"] / b["prefill_s"] for a, b in zip(row["runs"], baseline, strict=False)]
+            row["prefill_ratio_to_no_press"] = statistics.median(ratios)
+    rows = [_summarise(row) for row in rows]
     if proc.returncode != 0 and not any("error" in r for r in rows):
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         rows.append({"label": "kvpress", "error": f"exit code {proc.returncode}: {last[:300]}"})
@@ -154,7 +182,8 @@ def _load(spec: dict):
     return model, tokenizer
 
 
-def _time_press(pipe, model, press, ids, steps: int, repeats: int, warmup: int) -> dict:
+def _timer(model):
+    """Hooks that timestamp each base-model call; returns ``(stamps, remove)``."""
     import torch
 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
@@ -166,30 +195,29 @@ def _time_press(pipe, model, press, ids, steps: int, repeats: int, warmup: int) 
 
     base = model.get_decoder()
     hooks = [base.register_forward_pre_hook(stamp), base.register_forward_hook(stamp)]
+    return stamps, sync, lambda: [h.remove() for h in hooks]
+
+
+def _time_once(pipe, press, ids, steps: int, stamps: list[float], sync) -> dict:
+    """One pipeline call: context = ``ids[:-1]`` under ``press``, question = the last token, ``steps`` tokens."""
+    import torch
+
+    model = pipe.model
     context = torch.tensor([ids[:-1]], device=model.device)
     question = torch.tensor([ids[-1:]], device=model.device)
-    runs = []
-    try:
-        for i in range(warmup + repeats):
-            stamps.clear()
-            sync()
-            start = time.perf_counter()
-            with torch.no_grad():
-                pipe._forward({"context_ids": context, "questions_ids": [question]}, max_new_tokens=steps, press=press)
-            sync()
-            total = time.perf_counter() - start
-            calls = [(stamps[j], stamps[j + 1]) for j in range(0, len(stamps) - 1, 2)]
-            # A decode step runs from one base-model call to the next: the forward, the LM head and
-            # the argmax, as in dapq's decode cells; the last one ends with the pipeline call.
-            starts = [a for a, _ in calls[2:]] + [start + total]
-            if i >= warmup:
-                runs.append({"e2e_s": total, "prefill_s": calls[0][1] - calls[0][0],
-                             "first_token_s": calls[1][1] - start,
-                             "decode_steps_s": [b - a for a, b in zip(starts, starts[1:], strict=False)]})
-    finally:
-        for h in hooks:
-            h.remove()
-    return runs
+    stamps.clear()
+    sync()
+    start = time.perf_counter()
+    with torch.no_grad():
+        pipe._forward({"context_ids": context, "questions_ids": [question]}, max_new_tokens=steps, press=press)
+    sync()
+    total = time.perf_counter() - start
+    calls = [(stamps[j], stamps[j + 1]) for j in range(0, len(stamps) - 1, 2)]
+    # A decode step runs from one base-model call to the next: the forward, the LM head and the
+    # argmax, as in dapq's decode cells; the last one ends with the pipeline call.
+    starts = [a for a, _ in calls[2:]] + [start + total]
+    return {"e2e_s": total, "prefill_s": calls[0][1] - calls[0][0], "first_token_s": calls[1][1] - start,
+            "decode_steps_s": [b - a for a, b in zip(starts, starts[1:], strict=False)]}
 
 
 def _speed_child() -> int:
@@ -215,12 +243,27 @@ def _speed_child() -> int:
     model.generation_config.eos_token_id = None  # kvpress stops at EOS; every repeat decodes T tokens
     pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     ids = spec["ids"]
+    rows = []
     for name in spec["presses"]:
-        kwargs = press_kwargs(name, spec["budget"], len(ids) - 1)
-        press = getattr(kvpress, PRESSES[name])(**kwargs)
-        runs = _time_press(pipe, model, press, ids, spec["decode_tokens"], spec["repeats"], spec["warmup"])
-        print(json.dumps({"label": f"kvpress-{name}", "press": PRESSES[name], "press_kwargs": kwargs,
-                          "kvpress_version": version("kvpress"), "runs": runs}), flush=True)
+        cls = speed_press(name)
+        kwargs = None if cls is None else press_kwargs(name, spec["budget"], len(ids) - 1)
+        press = None if cls is None else getattr(kvpress, cls)(**kwargs)
+        rows.append(({"label": f"kvpress-{name}", "press": cls, "press_kwargs": kwargs,
+                      "kvpress_version": version("kvpress"), "runs": []}, press))
+    stamps, sync, remove = _timer(model)
+    try:
+        # Presses in turns (A, B, C, then B, C, A, ...), as dapq's TTFT cells are timed: drift of
+        # this machine hits every press alike, and ratios are taken round by round.
+        for i in range(spec["warmup"] + spec["repeats"]):
+            for j in range(len(rows)):
+                row, press = rows[(i + j) % len(rows)]
+                run = _time_once(pipe, press, ids, spec["decode_tokens"], stamps, sync)
+                if i >= spec["warmup"]:
+                    row["runs"].append(run)
+    finally:
+        remove()
+    for row, _ in rows:
+        print(json.dumps(row), flush=True)
     return 0
 
 
