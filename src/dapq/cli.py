@@ -29,42 +29,6 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def method_from_options(
-    name: str,
-    *,
-    budget: int | None = None,
-    ratio: float | None = None,
-    window: int | None = None,
-    content: str | None = None,
-    preset: str | None = None,
-):
-    """Build a method from CLI-style options, rejecting options the method does not take."""
-    from .methods import build, method_class
-
-    cls = method_class(name)
-    params: dict = {} if preset is None else {"preset": preset}
-    if budget is not None:
-        params["budget"] = budget
-    if ratio is not None:
-        params["ratio"] = ratio
-    if window is not None:
-        if window < 1:
-            raise ConfigError(f"window must be >= 1, got {window}")
-        if "window" not in cls.field_names():
-            raise ConfigError(f"method {name!r} has no window")
-        params["window"] = window
-    if content is not None:
-        if "content" not in cls.field_names():
-            raise ConfigError(f"method {name!r} takes no --content")
-        if content.startswith("text:"):
-            params.update(content="text", text=content[len("text:") :])
-        else:
-            params["content"] = content
-    if cls.name != "full" and budget is None and ratio is None:
-        raise ConfigError(f"method {name!r} needs --budget or --ratio")
-    return build(name, **params)
-
-
 def _read_text(path: Path, what: str) -> str:
     if not path.is_file():
         raise DapqError(f"{path}: no such file")
@@ -169,7 +133,9 @@ def generate(
                               workers, gpus_per_worker)
     if use_ray or ray_address is not None:
         raise ConfigError("--ray runs bulk generation (--input/--output); one prompt runs here")
-    chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
+    from .methods.registry import build_from_options
+
+    chosen = build_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
                                  preset=preset)
     if context_file is not None:
         if prompt is not None or prompt_file is not None:

@@ -71,8 +71,18 @@ class Cell:
         return str(self.budget) if self.budget is not None else f"{self.ratio:g}" if self.ratio is not None else "all"
 
 
+class _Cells:
+    """What the units of a sample's cells share: their keys, which the writer checks off."""
+
+    cells: tuple[Cell, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(c.key for c in self.cells)
+
+
 @dataclass(frozen=True)
-class WorkUnit:
+class WorkUnit(_Cells):
     """Pending cells of one sample, run together on one worker.
 
     With ``shared_prefill`` the unit is every pending (method, budget) cell of the sample: one
@@ -90,10 +100,6 @@ class WorkUnit:
     question_ids: tuple[int, ...] | None = None
     """With ``compress="context"``: the question fed uncompressed after ``prompt_ids`` (the context)."""
     compress: str = "prompt"
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(c.key for c in self.cells)
 
     @property
     def label(self) -> str:
@@ -157,7 +163,7 @@ def _record(unit, cell: Cell, config: dict, result, wall_s: float) -> dict:
 
 
 @dataclass(frozen=True)
-class PeerUnit:
+class PeerUnit(_Cells):
     """The kvpress cells of one sample: each through kvpress's own pipeline, in a child process.
 
     The child (:func:`dapq.integrations.kvpress_peer.session`) loads ``model`` once per worker and
@@ -175,10 +181,6 @@ class PeerUnit:
     model: dict
     """``ModelSpec.peer_fields()``: what the child loads."""
     compress: str = "prompt"
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(c.key for c in self.cells)
 
     @property
     def label(self) -> str:
