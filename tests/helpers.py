@@ -12,17 +12,21 @@ from dapq.decoding import DecodeStepper
 
 
 @torch.no_grad()
-def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, tokens: list[int]) -> torch.Tensor:
+def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, tokens: list[int],
+                            question: list[int] = ()) -> torch.Tensor:
     """Decode ``tokens`` over the *full* prompt cache, masking out every evicted key per head.
 
     This never touches the compressed cache's tensors: it only reads which prompt columns each
     (layer, KV head) kept, and builds an additive per-head mask for an eager full-cache decode.
+    With a ``question``, its tokens are first fed in one forward after the prompt (causal among
+    themselves, over the kept prompt keys): context-only compression. Returns the logits after
+    the question (if any) and after each token.
     """
     assert model.config._attn_implementation == "eager"
-    lp = len(prompt)
+    lp, n_q = len(prompt), len(question)
     full = DynamicCache()
     compat.forward(model, torch.tensor([prompt]), position_ids=torch.arange(lp)[None], cache=full, first_column=0)
-    n_q, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    n_heads, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     keep = []
     for layout in cache.layouts:
         k = torch.zeros(n_kv, lp, dtype=torch.bool)
@@ -31,25 +35,29 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
         else:
             idx = layout.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots
             k.scatter_(1, idx, True)
-        keep.append(k.repeat_interleave(n_q // n_kv, dim=0))  # (Hq, Lp)
-    step = {"t": 0}
+        keep.append(k.repeat_interleave(n_heads // n_kv, dim=0))  # (Hq, Lp)
+    state = {"new": 0, "queries": 1}
 
     def pre_hook(module, args, kwargs):
-        t = step["t"]
-        prompt_keep = keep[module.layer_idx]
-        allowed = torch.cat([prompt_keep, torch.ones(n_q, t + 1, dtype=torch.bool)], dim=1)
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        kwargs["attention_mask"] = mask[None, :, None, :]
+        seen, n = state["new"], state["queries"]
+        prompt_keep = keep[module.layer_idx][:, None, :].expand(-1, n, -1)  # (Hq, n, Lp)
+        # New columns: query i sees the ``seen`` earlier new tokens and itself.
+        new = torch.arange(seen + n)[None, :] <= (seen + torch.arange(n))[:, None]
+        allowed = torch.cat([prompt_keep, new[None].expand(n_heads, -1, -1)], dim=-1)
+        kwargs["attention_mask"] = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[None]
         return args, kwargs
 
     handles = [layer.self_attn.register_forward_pre_hook(pre_hook, with_kwargs=True) for layer in model.model.layers]
     out = []
     try:
-        for t, tok in enumerate(tokens):
-            step["t"] = t
-            logits = compat.forward(model, torch.tensor([[tok]]), position_ids=torch.tensor([[lp + t]]), cache=full,
-                                    first_column=lp + t).logits[0, -1]
+        for block in ([list(question)] if n_q else []) + [[tok] for tok in tokens]:
+            state["queries"] = len(block)
+            start = lp + state["new"]
+            positions = torch.arange(start, start + len(block))[None]
+            logits = compat.forward(model, torch.tensor([block]), position_ids=positions, cache=full,
+                                    first_column=start).logits[0, -1]
             out.append(logits)
+            state["new"] += len(block)
     finally:
         for h in handles:
             h.remove()
@@ -60,7 +68,7 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
 def compressed_logits(model, state, tokens: list[int]) -> torch.Tensor:
     """Teacher-forced decode of ``tokens`` over a single-prompt compressed cache."""
     with DecodeStepper(model, state, len(tokens)) as step:
-        return torch.stack([step(torch.tensor([tok]), t)[0] for t, tok in enumerate(tokens)])
+        return torch.stack([step(torch.tensor([tok]))[0] for tok in tokens])
 
 
 @torch.no_grad()

@@ -52,6 +52,38 @@ def test_generate_plain_text(capsys, model_dir, tmp_path):
     assert not out.lstrip().startswith("{")
 
 
+def test_generate_context_then_questions(capsys, model_dir, tmp_path):
+    context = tmp_path / "doc.txt"
+    context.write_text("The grass is green. The sky is blue. The sun is yellow. " * 4)
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--method", "snapkv", "--budget", "8",
+                         "--context-file", str(context), "--question", "What is green?", "--question", "And blue?",
+                         "--chat", "--max-new-tokens", "3", "--json")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["question"] for r in records] == ["What is green?", "And blue?"]
+    for r in records:
+        assert r["kept_tokens_per_head"] == [8] * 4 and r["question_tokens"] > 0
+        assert r["prompt_tokens"] > 8  # the context, compressed to 8 per head
+    assert records[0]["prompt_tokens"] == records[1]["prompt_tokens"]  # one context, compressed once
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--context-file", str(context),
+                         "--question", "What is green?", "--max-new-tokens", "3")
+    assert code == 0 and not out.lstrip().startswith("{") and not out.startswith("[1]"), err
+
+
+def test_context_mode_bad_input(capsys, model_dir, tmp_path):
+    context = tmp_path / "doc.txt"
+    context.write_text("The grass is green.")
+    for args, needle in [
+        (["--context-file", str(context)], "at least one non-empty --question"),
+        (["--context-file", str(context), "--question", " "], "at least one non-empty --question"),
+        (["--context-file", str(context), "--question", "q", "--prompt", "p"], "not both"),
+        (["--question", "q", "--prompt", "p"], "--question needs --context-file"),
+        (["--context-file", str(tmp_path / "none.txt"), "--question", "q"], "no such file"),
+    ]:
+        code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", *args)
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--method", "bogus", "--budget", "8"], "unknown method"),
     (["--budget", "0"], "budget"),
@@ -132,6 +164,9 @@ def test_missing_model_dir(capsys):
     (["niah", "--methods", "full,bogus"], "unknown method"),
     (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
     (["niah", "--decode-batch", "0"], "--decode-batch"),
+    (["niah", "--compress", "question"], "--compress must be one of prompt, context"),
+    (["niah", "--ratios", "0.5,1.5"], "ratios must lie in (0, 1)"),
+    (["niah", "--methods", "full,kvpress:"], "cannot parse method"),
     (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
     (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
     (["niah", "--samples", "0"], "--samples must be >= 1"),
@@ -141,6 +176,16 @@ def test_missing_model_dir(capsys):
 def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
     code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_context_mode_with_ratios(capsys, model_dir, tmp_path):
+    out = tmp_path / "ctx"
+    code, stdout, err = run(capsys, "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0.5",
+                            "--samples", "1", "--methods", "full,dapq", "--ratios", "0.5", "--compress", "context",
+                            "--out", str(out))
+    assert code == 0, err
+    assert "| method | budget | compress | NIAH |" in stdout and "| dapq | 50% | context |" in stdout
+    assert "| dapq | 64 |" not in stdout  # --ratios alone: no default budgets
 
 
 def test_bench_out_is_a_file(capsys, model_dir, tmp_path):

@@ -81,7 +81,7 @@ def test_stacked_states_decode_like_each_alone(llama):
     assert stacked.cache.layers[0].keys.shape[0] == 3 and stacked.batch.width == 50
     tokens = [5, 9, 17]
     with DecodeStepper(llama, stacked, len(tokens)) as step:
-        together = torch.stack([step(torch.tensor([t] * 3), i) for i, t in enumerate(tokens)], dim=1)
+        together = torch.stack([step(torch.tensor([t] * 3)) for t in tokens], dim=1)
     for row, state in enumerate(states):
         torch.testing.assert_close(together[row], compressed_logits(llama, state, tokens), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="same prompt width"):

@@ -13,6 +13,7 @@ decoding-aligned variants (``dapq_hybrid``, ``deferkv``) and an analysis-only or
 
 from .cache import CompressedCache
 from .compress import PrefillResult, PromptBatch, compress, make_batch, prefill
+from .context import CompressedContext, ask, compress_context
 from .errors import ConfigError, DapqError, UnsupportedModelError
 from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate, generate_many
 from .methods import Method, available, build
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CompressedCache",
+    "CompressedContext",
     "ConfigError",
     "DapqError",
     "GenerationResult",
@@ -31,9 +33,11 @@ __all__ = [
     "PromptBatch",
     "SamplingConfig",
     "UnsupportedModelError",
+    "ask",
     "available",
     "build",
     "compress",
+    "compress_context",
     "decode",
     "encode_prompts",
     "generate",

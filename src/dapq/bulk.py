@@ -81,8 +81,7 @@ def result_fields(result, method: Method) -> dict:
 
 def _method(rec: dict, defaults: MethodDefaults) -> Method:
     from .bench.runner import parse_methods
-    from .cli import method_from_options
-    from .methods import build
+    from .methods.registry import build_from_options
 
     own_budget = "budget" in rec or "ratio" in rec
     budget = rec.get("budget") if own_budget else defaults.budget
@@ -90,19 +89,19 @@ def _method(rec: dict, defaults: MethodDefaults) -> Method:
     if budget is not None and ratio is not None:
         raise DapqError("give a budget or a ratio, not both")
     if "method" not in rec:
-        return method_from_options(defaults.method, budget=budget, ratio=ratio, window=defaults.window,
+        return build_from_options(defaults.method, budget=budget, ratio=ratio, window=defaults.window,
                                    content=defaults.content, preset=defaults.preset)
     if not isinstance(rec["method"], str):
         raise DapqError("method must be a string such as \"snapkv\" or \"dapq(window=16)\"")
+    if rec["method"].startswith("kvpress:"):
+        raise DapqError("bulk generation runs dapq's methods; kvpress presses run as peers in dapq bench")
     specs = parse_methods(rec["method"])
     if len(specs) != 1:
         raise DapqError(f"one method per request, got {rec['method']!r}")
     spec = specs[0]
-    if spec.name == "full":
-        return build("full", **dict(spec.params))
-    if budget is None and ratio is None:
+    if spec.name != "full" and budget is None and ratio is None:
         raise DapqError(f"method {spec.name!r} needs a budget or a ratio (in the record or as --budget/--ratio)")
-    return build(spec.name, budget=budget, ratio=ratio, **dict(spec.params))
+    return spec.build(budget, ratio)
 
 
 def _messages(value) -> tuple:

@@ -19,11 +19,14 @@ per-layer masks itself.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+
+from . import compat
 
 
 @dataclass
@@ -85,13 +88,45 @@ class CompressedCache(DynamicCache):
         expected = (width - self.prompt_lengths).clamp(min=0)
         return all(torch.equal(layout.pad_slots.cpu(), expected.cpu()) for layout in self.layouts)
 
-    def slot_mask(self, layer_idx: int, n_new: int = 0) -> Tensor:
-        """(B, C_l + n_new) bool: which physical slots of a layer may be attended to."""
+    def slot_mask(self, layer_idx: int, tail: Tensor | None = None) -> Tensor:
+        """(B, C_l + T) bool: which physical slots of a layer may be attended to.
+
+        ``tail`` (B, T) marks which of the T columns appended after the prompt slots (a question,
+        generated tokens) are real; padding inside a question block is False.
+        """
         layout = self.layouts[layer_idx]
         slots = torch.arange(layout.width, device=layout.pad_slots.device)
         prompt = slots[None, :] >= layout.pad_slots[:, None]
-        new = torch.ones(prompt.shape[0], n_new, dtype=torch.bool, device=prompt.device)
-        return torch.cat([prompt, new], dim=1)
+        if tail is None:
+            return prompt
+        return torch.cat([prompt, tail.to(device=prompt.device, dtype=torch.bool)], dim=1)
+
+    def rollback(self) -> None:
+        """Drop every slot appended after the prompt (questions, answers): back to the compressed prompt."""
+        for layer, layout in zip(self.layers, self.layouts, strict=True):
+            compat.truncate(layer, layout.width)
+
+    def select(self, rows: Sequence[int]) -> CompressedCache:
+        """A new cache made of the given batch rows (repeats allowed), each with its own slots and padding.
+
+        Context-only compression asks many questions of one compressed context this way: one row
+        per question, decoded as one batch (:func:`dapq.context.ask`).
+        """
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.layers[0].keys.device)
+        out = CompressedCache()
+        out.prompt_width = self.prompt_width
+        out.prompt_lengths = self.prompt_lengths[index.to(self.prompt_lengths.device)]
+        out.layouts = [LayerLayout(None if lay.kept_indices is None else lay.kept_indices[index.to(lay.kept_indices.device)],
+                                   lay.pad_slots[index.to(lay.pad_slots.device)], lay.width) for lay in self.layouts]
+        out.layers = []
+        for layer in self.layers:
+            new = copy.copy(layer)
+            new.keys, new.values = layer.keys[index], layer.values[index]
+            out.layers.append(new)
+        per_row = [self.stats.kv_bytes_full // max(len(self.prompt_lengths), 1)] * len(index)
+        out.stats = replace(self.stats, kv_bytes_full=sum(per_row), kv_bytes_kept=out.kv_bytes(),
+                            budgets=[self.stats.budgets[i] for i in index.tolist()] if self.stats.budgets else [])
+        return out
 
     def kept_per_layer(self) -> list[int]:
         """Physical prompt slots per KV head, per layer."""

@@ -29,52 +29,23 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def method_from_options(
-    name: str,
-    *,
-    budget: int | None = None,
-    ratio: float | None = None,
-    window: int | None = None,
-    content: str | None = None,
-    preset: str | None = None,
-):
-    """Build a method from CLI-style options, rejecting options the method does not take."""
-    from .methods import build, method_class
-
-    cls = method_class(name)
-    params: dict = {} if preset is None else {"preset": preset}
-    if budget is not None:
-        params["budget"] = budget
-    if ratio is not None:
-        params["ratio"] = ratio
-    if window is not None:
-        if window < 1:
-            raise ConfigError(f"window must be >= 1, got {window}")
-        if "window" not in cls.field_names():
-            raise ConfigError(f"method {name!r} has no window")
-        params["window"] = window
-    if content is not None:
-        if "content" not in cls.field_names():
-            raise ConfigError(f"method {name!r} takes no --content")
-        if content.startswith("text:"):
-            params.update(content="text", text=content[len("text:") :])
-        else:
-            params["content"] = content
-    if cls.name != "full" and budget is None and ratio is None:
-        raise ConfigError(f"method {name!r} needs --budget or --ratio")
-    return build(name, **params)
+def _read_text(path: Path, what: str) -> str:
+    if not path.is_file():
+        raise DapqError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DapqError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    if not text.strip():
+        raise DapqError(f"{path}: the {what} is empty")
+    return text
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if (prompt is None) == (prompt_file is None):
         raise DapqError("give exactly one of --prompt and --prompt-file")
     if prompt_file is not None:
-        if not prompt_file.is_file():
-            raise DapqError(f"{prompt_file}: no such file")
-        try:
-            prompt = prompt_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise DapqError(f"{prompt_file}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        return _read_text(prompt_file, "prompt")
     if not prompt.strip():
         raise DapqError("the prompt is empty")
     return prompt
@@ -109,6 +80,9 @@ def _ray_executor(spec, use_ray: bool, address: str | None, workers: int, gpus: 
 def generate(
     prompt: str = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Path = typer.Option(None, "--prompt-file", help="Read the prompt from a file."),
+    context_file: Path = typer.Option(None, "--context-file", help="Compress this context once and answer "
+                                      "each --question from it (context-only compression)."),
+    question: list[str] = typer.Option(None, "--question", help="A question about --context-file (repeatable)."),
     input_file: Path = typer.Option(None, "--input", help="Bulk: a JSONL file of requests (id, prompt or "
                                     "messages, optional method/budget/ratio)."),
     output_file: Path = typer.Option(None, "--output", help="Bulk: the JSONL output (resumable: ids already "
@@ -132,13 +106,17 @@ def generate(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, flash_attention_2."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures (one per question)."),
     use_ray: bool = _RAY,
     ray_address: str = _RAY_ADDRESS,
     workers: int = _WORKERS,
     gpus_per_worker: float = _GPUS,
 ) -> None:
-    """Compress the prompt's KV cache with one method and generate (or a JSONL file of prompts: --input)."""
+    """Compress the prompt's KV cache with one method and generate (or a JSONL file of prompts: --input).
+
+    With --context-file, only the context is compressed, once; each --question is then answered
+    from the same compressed cache (the question itself is not compressed).
+    """
     if ratio is not None and budget is not None:
         raise ConfigError("give --budget or --ratio, not both")
     from .generation import SamplingConfig
@@ -148,27 +126,49 @@ def generate(
         stop=tuple(stop or ()),
     )
     if input_file is not None or output_file is not None:
-        if prompt is not None or prompt_file is not None:
-            raise DapqError("give --input (bulk) or --prompt/--prompt-file, not both")
+        if prompt is not None or prompt_file is not None or context_file is not None or question:
+            raise DapqError("give --input (bulk) or --prompt/--prompt-file/--context-file, not both")
         return _generate_bulk(input_file, output_file, model, method, budget, ratio, window, content, preset, chat,
                               answer_prefix, sampling, batch_size, dtype, device, attn, use_ray, ray_address,
                               workers, gpus_per_worker)
     if use_ray or ray_address is not None:
         raise ConfigError("--ray runs bulk generation (--input/--output); one prompt runs here")
-    chosen = method_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
+    from .methods.registry import build_from_options
+
+    chosen = build_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
                                  preset=preset)
-    text = _read_prompt(prompt, prompt_file)
+    if context_file is not None:
+        if prompt is not None or prompt_file is not None:
+            raise DapqError("give --context-file with --question, or --prompt/--prompt-file, not both")
+        questions = [q for q in (question or []) if q.strip()]
+        if not questions or len(questions) != len(question or []):
+            raise DapqError("--context-file needs at least one non-empty --question")
+        text = _read_text(context_file, "context")
+    elif question:
+        raise DapqError("--question needs --context-file (or put the question in the prompt)")
+    else:
+        text = _read_prompt(prompt, prompt_file)
     from .bulk import result_fields
     from .generation import generate as run
     from .models import load_model
 
     _quiet_transformers()
     lm, tokenizer = load_model(model, dtype=dtype, device=device, attn_implementation=attn)
-    result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
-    if as_json:
-        typer.echo(json.dumps(result_fields(result, chosen)))
-    else:
-        typer.echo(result.text)
+    if context_file is None:
+        result = run(lm, tokenizer, [text], chosen, sampling, chat=chat, answer_prefix=answer_prefix)[0]
+        typer.echo(json.dumps(result_fields(result, chosen)) if as_json else result.text)
+        return
+    from .context import ask, compress_context
+
+    ctx = compress_context(lm, tokenizer, [text], chosen, chat=chat)
+    results = ask(lm, tokenizer, ctx, questions, answer_prefix=answer_prefix, sampling=sampling)
+    for i, (q, result) in enumerate(zip(questions, results, strict=True)):
+        if as_json:
+            typer.echo(json.dumps({"question": q, **result_fields(result, chosen)}))
+        elif len(questions) == 1:
+            typer.echo(result.text)
+        else:
+            typer.echo(f"{'' if i == 0 else chr(10)}[{i + 1}] {q}\n{result.text}")
 
 
 def _generate_bulk(input_file, output_file, model, method, budget, ratio, window, content, preset, chat,
@@ -223,8 +223,14 @@ def methods() -> None:
 def bench(
     taskset: str = typer.Argument(..., help="niah, ruler, longbench, longbench-v2 or helmet "
                                   "(or speed: see `dapq bench speed --help`)."),
-    methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets parameters."),
-    budgets: str = typer.Option("64,128,256", "--budgets", help="Comma list of KV budgets."),
+    methods: str = typer.Option("full,dapq,snapkv", "--methods", help="Comma list; name(key=value,...) sets "
+                                "parameters; kvpress:PressName(...) runs a kvpress press through kvpress's pipeline."),
+    budgets: str = typer.Option(None, "--budgets", help="Comma list of KV budgets (tokens per KV head per layer; "
+                                "default 64,128,256 unless --ratios is given)."),
+    ratios: str = typer.Option(None, "--ratios", help="Comma list of fractions of each prompt (or context) kept, "
+                               "in (0, 1): kvpress's 1 - compression_ratio."),
+    compress: str = typer.Option("prompt", "--compress", help="prompt: compress the whole prompt (the paper's "
+                                 "setting); context: compress the context only, then feed the question."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     lengths: str = typer.Option("", "--lengths", help="Prompt lengths in tokens (niah, ruler: default 4000; "
                                 "longbench, helmet: truncation length, default the model's context)."),
@@ -251,12 +257,15 @@ def bench(
 ) -> None:
     """Run a resumable accuracy sweep; finished cells are kept in OUT/results.jsonl."""
     from .bench.report import markdown, table
-    from .bench.runner import parse_budgets, parse_methods, run_sweep
+    from .bench.runner import COMPRESS_MODES, parse_budgets, parse_methods, parse_ratios, run_sweep
     from .bench.store import ResultsStore
     from .bench.tasks import TaskArgs, build_samples
 
+    if compress not in COMPRESS_MODES:
+        raise ConfigError(f"--compress must be one of {', '.join(COMPRESS_MODES)}, got {compress!r}")
     specs = parse_methods(methods)
-    budget_list = parse_budgets(budgets)
+    ratio_list = parse_ratios(ratios) if ratios is not None else []
+    budget_list = parse_budgets(budgets) if budgets is not None else [] if ratio_list else [64, 128, 256]
     try:
         length_list = tuple(int(x) for x in lengths.split(",") if x.strip())
         depth_list = tuple(float(x) for x in depths.split(",") if x.strip())
@@ -285,8 +294,8 @@ def bench(
         args.max_context = max_context = getattr(config, "max_position_embeddings", None)
         sample_list = build_samples(taskset, tokenizer, args)
         run_sweep(lm, tokenizer, sample_list, specs, budget_list, store, model_id=model or "smollm2-135m",
-                  shared_prefill=shared_prefill, decode_batch=decode_batch, executor=executor,
-                  max_context=max_context)
+                  ratios=ratio_list, compress=compress, model_spec=spec, shared_prefill=shared_prefill,
+                  decode_batch=decode_batch, executor=executor, max_context=max_context)
     header, rows = table(list(store), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
 
@@ -314,7 +323,8 @@ def bench_speed(
     repeats: int = typer.Option(None, "--repeats", help="Timed runs per cell (default 3)."),
     warmup: int = typer.Option(None, "--warmup", help="Untimed runs per cell (default 1)."),
     parts: str = typer.Option("ttft,decode,e2e,peer", "--parts", help="Which cells: ttft, decode, e2e, peer."),
-    peers: str = typer.Option("snapkv,streamingllm", "--peers", help="kvpress presses for the peer row, or none."),
+    peers: str = typer.Option("snapkv,streamingllm", "--peers", help="kvpress presses for the peer rows (snapkv, "
+                              "streamingllm with dapq's settings, or kvpress:PressName), or none."),
     quick: bool = typer.Option(False, "--quick", help="Tiny sizes, every kind of cell: a smoke test (< 2 min)."),
     model: str = typer.Option(None, "--model", help="Model dir or hub id (default: embedded SmolLM2-135M)."),
     random_weights: str = typer.Option(None, "--random-weights", help="Build a random-weight model from a "
@@ -329,11 +339,11 @@ def bench_speed(
     """Throughput, TTFT and memory of every method, side by side with kvpress; resumable."""
     import torch
 
-    from .bench.peers import PRESSES, run_kvpress
     from .bench.report import render
     from .bench.runner import parse_methods
     from .bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
     from .bench.store import ResultsStore
+    from .integrations.kvpress_peer import NO_PRESS, run_kvpress, speed_press
     from .methods import available, method_class
     from .models import resolve_device
 
@@ -353,8 +363,10 @@ def bench_speed(
     if not part_list or set(part_list) - set(PARTS):
         raise ConfigError(f"--parts must be a comma list of {', '.join(PARTS)}")
     peer_list = () if peers == "none" else tuple(p for p in peers.split(",") if p)
-    if set(peer_list) - set(PRESSES):
-        raise ConfigError(f"--peers must be none or a comma list of {', '.join(PRESSES)}")
+    for name in peer_list:
+        speed_press(name)  # an unknown peer fails here, before any model loads
+    if peer_list:
+        peer_list = (*peer_list, NO_PRESS)  # the pipeline without a press: each press's prefill cost
     cfg = SpeedConfig(
         context=context or base.context, budget=budget or base.budget,
         lengths=_int_list(lengths, "--lengths", 2) if lengths else base.lengths,

@@ -52,6 +52,12 @@ class PromptBatch:
         """Every row ``n`` times (see :meth:`PrefillResult.repeat`)."""
         return PromptBatch.stack([self] * n)
 
+    def select(self, rows: Sequence[int]) -> PromptBatch:
+        """The given rows (repeats allowed), in that order."""
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.input_ids.device)
+        return PromptBatch(self.input_ids[index], self.attention_mask[index], self.position_ids[index],
+                           self.prompt_lengths[index], self.width)
+
     def with_tokens(self, tokens: Tensor) -> PromptBatch:
         """The prompt columns followed by ``tokens`` (B, T) at each row's positions Lp, Lp+1, ..."""
         width = self.width
@@ -305,8 +311,8 @@ def _lookahead_tokens(model, state: PrefillResult, steps: int) -> Tensor:
     if steps > 1:
         widths = [layer.keys.shape[2] for layer in state.cache.layers]
         with DecodeStepper(model, state, steps - 1) as step:
-            for t in range(steps - 1):
-                token = step(token, t).argmax(dim=-1)
+            for _ in range(steps - 1):
+                token = step(token).argmax(dim=-1)
                 tokens.append(token)
         for layer, width in zip(state.cache.layers, widths, strict=True):
             compat.truncate(layer, width)

@@ -1,8 +1,9 @@
 """Single decode steps over a compressed cache, at the original positions.
 
 The one place that feeds new tokens to a model over a :class:`~dapq.cache.CompressedCache`:
-the decode loop of :mod:`dapq.generation`, DeferKV's lookahead steps in :mod:`dapq.compress`
-and the analyses' teacher forcing all go through :class:`DecodeStepper`. It imports neither of
+the decode loop of :mod:`dapq.generation`, the questions of :mod:`dapq.context`, DeferKV's
+lookahead steps in :mod:`dapq.compress` and the analyses' teacher forcing all go through
+:class:`DecodeStepper`. It imports neither of
 those modules, which is what keeps them free of an import cycle.
 
 Row ``b`` of a batch generates its t-th new token at RoPE position ``Lp_b + t`` whatever was
@@ -28,7 +29,11 @@ if TYPE_CHECKING:
 
 
 class _PerLayerMasks(AttentionHooks):
-    """Forward pre-hooks that hand each attention layer its own mask (non-canonical layouts)."""
+    """Forward pre-hooks that hand each attention layer its own mask (non-canonical layouts).
+
+    ``tail`` marks which columns appended after the prompt slots are real, ``n_query`` how many of
+    them the current forward feeds (causal among themselves).
+    """
 
     pre = True
 
@@ -36,37 +41,59 @@ class _PerLayerMasks(AttentionHooks):
         super().__init__(model)
         self.cache = cache
         self.impl = model.config._attn_implementation
-        self.n_new = 0
+        self.tail: Tensor | None = None
+        self.n_query = 1
 
     def _hook(self, module, args, kwargs):
-        mask = self.cache.slot_mask(module.layer_idx, self.n_new)
+        allowed = self.cache.slot_mask(module.layer_idx, self.tail)  # (B, S)
         if self.impl.startswith("flash"):
-            kwargs["attention_mask"] = None if bool(mask.all()) else mask.long()
-        elif self.impl == "sdpa":
-            kwargs["attention_mask"] = mask[:, None, None, :]
+            # Flash attention takes a 2-D padding mask and applies causality itself.
+            kwargs["attention_mask"] = None if bool(allowed.all()) else allowed.long()
+            return args, kwargs
+        mask = allowed[:, None, None, :]
+        if self.n_query > 1:
+            n_slots = allowed.shape[1]
+            cols = torch.arange(n_slots, device=allowed.device)
+            last = n_slots - self.n_query + torch.arange(self.n_query, device=allowed.device)
+            mask = mask & (cols[None, :] <= last[:, None])[None, None]  # (B, 1, Q, S)
+        if self.impl == "sdpa":
+            kwargs["attention_mask"] = mask
         else:
             dtype = kwargs["hidden_states"].dtype
             additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-            kwargs["attention_mask"] = additive.masked_fill(~mask, torch.finfo(dtype).min)[:, None, None, :]
+            kwargs["attention_mask"] = additive.masked_fill(~mask, torch.finfo(dtype).min)
         return args, kwargs
 
 
 class DecodeStepper:
-    """Runs single decode steps over a compressed cache at the original positions.
+    """Feeds new tokens over a compressed cache at their original positions.
 
-    Step ``t`` feeds one token per row at position ``Lp_b + t`` and returns the next logits.
-    Used by :func:`decode`, and by analyses that teacher-force tokens. Use as a context manager:
-    for non-canonical layouts it installs per-layer masks for its lifetime.
+    Row ``b`` continues at position ``Lp_b``: its t-th fed token sits at ``Lp_b + t`` whatever was
+    evicted. :meth:`extend` feeds a block of tokens per row (a question, where rows of different
+    lengths are left-padded inside the block), ``step(token)`` one token per row. Used by
+    :func:`~dapq.generation.decode`, by context-only compression (:mod:`dapq.context`), by
+    DeferKV's lookahead and by analyses that teacher-force tokens. Use as a context manager: for
+    non-canonical layouts it installs per-layer masks for its lifetime.
+
+    Parameters
+    ----------
+    model, state
+        The model and a compressed state (cache, batch).
+    max_steps : int
+        Columns to reserve in the logical mask (it grows if more are fed).
     """
 
-    def __init__(self, model, state: PrefillResult, max_steps: int):
+    def __init__(self, model, state: PrefillResult, max_steps: int = 0):
         self.model = model
         self.cache = state.cache
-        self.batch = state.batch
-        bsz, width = self.batch.input_ids.shape[0], self.batch.width
-        prompt_mask = self.batch.attention_mask[:, :width]
-        ones = torch.ones(bsz, max_steps + 1, dtype=prompt_mask.dtype, device=prompt_mask.device)
-        self.mask = torch.cat([prompt_mask, ones], dim=1)
+        batch = state.batch
+        self.width = batch.width
+        self.columns = batch.width  # logical columns the cache holds
+        self.next_position = batch.prompt_lengths.clone()
+        prompt_mask = batch.attention_mask[:, : batch.width]
+        room = torch.ones(prompt_mask.shape[0], max_steps + 1, dtype=prompt_mask.dtype, device=prompt_mask.device)
+        # The logical 2-D mask of every column so far, with room to grow: no copy per step.
+        self.mask = torch.cat([prompt_mask, room], dim=1)
         self.per_layer = None if self.cache.canonical else _PerLayerMasks(model, self.cache)
 
     def __enter__(self):
@@ -79,12 +106,29 @@ class DecodeStepper:
             self.per_layer.__exit__()
 
     @torch.no_grad()
-    def __call__(self, token: Tensor, step: int) -> Tensor:
-        width = self.batch.width
+    def extend(self, tokens: Tensor, valid: Tensor | None = None) -> Tensor:
+        """Feed ``tokens`` (B, T); return the float logits (B, V) after the last column.
+
+        ``valid`` (B, T) is False at padding inside the block; padding must lead each row, so the
+        last column is real for every row. Real tokens take the next positions of their row.
+        """
+        n = tokens.shape[1]
+        valid = torch.ones_like(tokens) if valid is None else valid.to(dtype=self.mask.dtype)
+        end = self.columns + n
+        if end > self.mask.shape[1]:
+            grow = torch.ones(self.mask.shape[0], end - self.mask.shape[1] + 64, dtype=self.mask.dtype,
+                              device=self.mask.device)
+            self.mask = torch.cat([self.mask, grow], dim=1)
+        self.mask[:, self.columns : end] = valid
+        positions = self.next_position[:, None] + (valid.cumsum(dim=1) - 1).clamp(min=0)
         if self.per_layer is not None:
-            self.per_layer.n_new = step + 1
-        out = compat.forward(
-            self.model, token[:, None], attention_mask=self.mask[:, : width + step + 1],
-            position_ids=(self.batch.prompt_lengths + step)[:, None], cache=self.cache, first_column=width + step,
-        )
+            self.per_layer.tail, self.per_layer.n_query = self.mask[:, self.width : end], n
+        out = compat.forward(self.model, tokens, attention_mask=self.mask[:, :end], position_ids=positions,
+                             cache=self.cache, first_column=self.columns, logits_to_keep=1)
+        self.columns = end
+        self.next_position = self.next_position + valid.sum(dim=1)
         return out.logits[:, -1].float()
+
+    def __call__(self, token: Tensor) -> Tensor:
+        """One decode step: ``token`` (B,) at each row's next position; the next logits (B, V)."""
+        return self.extend(token[:, None])

@@ -75,6 +75,10 @@ class GenerationResult:
     decode_tokens_per_s: float
     finish_reason: str
     config: dict = field(default_factory=dict)
+    question_tokens: int = 0
+    """Context-only compression: tokens of the question fed after the compressed context."""
+    question_s: float = 0.0
+    """Seconds of the question's forward over the compressed context."""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -138,7 +142,19 @@ def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) ->
 @torch.no_grad()
 def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple[list[list[int]], list[str], float]:
     """Generate from a compressed cache. Returns token ids, finish reasons and decode seconds."""
-    bsz = state.batch.input_ids.shape[0]
+    with DecodeStepper(model, state, cfg.max_new_tokens) as stepper:
+        return sample_loop(model, tokenizer, stepper, state.logits, cfg)
+
+
+@torch.no_grad()
+def sample_loop(model, tokenizer, stepper: DecodeStepper, logits: Tensor, cfg: SamplingConfig
+                ) -> tuple[list[list[int]], list[str], float]:
+    """Choose tokens from ``logits`` (B, V) on, feeding each through ``stepper``; stop per row.
+
+    Returns token ids, finish reasons and the seconds it took. The caller owns the stepper (and so
+    decides what was fed before: nothing after a prefill, a question after a compressed context).
+    """
+    bsz = logits.shape[0]
     device = model.device
     eos = torch.tensor(sorted(eos_token_ids(model, tokenizer)) or [-1], device=device)
     gen = torch.Generator().manual_seed(cfg.seed) if cfg.do_sample else None
@@ -146,31 +162,32 @@ def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple
     reasons = ["length"] * bsz
     done = torch.zeros(bsz, dtype=torch.bool, device=device)
     filler = pad_token_id(tokenizer)
-    logits = state.logits
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     start = time.perf_counter()
-    with DecodeStepper(model, state, cfg.max_new_tokens) as step_fn:
-        for step in range(cfg.max_new_tokens):
-            token = _choose(logits, cfg, gen)
-            token = torch.where(done, torch.full_like(token, filler), token)
+    for step in range(cfg.max_new_tokens):
+        token = _choose(logits, cfg, gen)
+        token = torch.where(done, torch.full_like(token, filler), token)
+        for b in torch.nonzero(~done).flatten().tolist():
+            out[b].append(int(token[b]))
+        hit_eos = torch.isin(token, eos) & ~done
+        for b in torch.nonzero(hit_eos).flatten().tolist():
+            reasons[b] = "eos"
+        done |= hit_eos
+        if cfg.stop:
             for b in torch.nonzero(~done).flatten().tolist():
-                out[b].append(int(token[b]))
-            hit_eos = torch.isin(token, eos) & ~done
-            for b in torch.nonzero(hit_eos).flatten().tolist():
-                reasons[b] = "eos"
-            done |= hit_eos
-            if cfg.stop:
-                for b in torch.nonzero(~done).flatten().tolist():
-                    if any(s in tokenizer.decode(out[b], skip_special_tokens=True) for s in cfg.stop):
-                        reasons[b] = "stop"
-                        done[b] = True
-            if bool(done.all()) or step == cfg.max_new_tokens - 1:
-                break
-            logits = step_fn(token, step)
+                if any(s in tokenizer.decode(out[b], skip_special_tokens=True) for s in cfg.stop):
+                    reasons[b] = "stop"
+                    done[b] = True
+        if bool(done.all()) or step == cfg.max_new_tokens - 1:
+            break
+        logits = stepper(token)
+    _sync(device)
+    return out, reasons, time.perf_counter() - start
+
+
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return out, reasons, time.perf_counter() - start
 
 
 def _text(tokenizer, ids: list[int], eos: set[int], stop: tuple[str, ...]) -> str:
@@ -274,6 +291,7 @@ def generate_many(
     sampling: SamplingConfig | None = None,
     *,
     max_batch: int = 8,
+    question_ids: Sequence[int] | None = None,
     **sampling_kwargs,
 ) -> list[GenerationResult]:
     """Every method on one prompt, at the cost of one prefill: what accuracy sweeps need.
@@ -286,6 +304,11 @@ def generate_many(
     rounding. The compressed caches with equal per-layer widths are then decoded together, up
     to ``max_batch`` rows at a time.
 
+    With ``question_ids``, ``prompt_ids`` is a context and only it is compressed: the question is
+    then fed uncompressed after each method's compressed context, and the first new token comes
+    from its last logits (context-only compression, :mod:`dapq.context`; each row equals
+    :func:`~dapq.context.ask` with that method).
+
     ``prefill_s`` of every result is the shared FullKV prefill plus the method's own replay;
     for per-method timings use ``dapq bench speed``.
     """
@@ -293,10 +316,11 @@ def generate_many(
     if max_batch < 1:
         raise ConfigError("max_batch must be >= 1")
     row = list(prompt_ids)
+    question = list(question_ids or ())
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and len(row) + sampling.max_new_tokens > limit:
-        raise DapqError(f"prompt of {len(row)} tokens + {sampling.max_new_tokens} new tokens exceeds the "
-                        f"model's context of {limit}")
+    if limit is not None and len(row) + len(question) + sampling.max_new_tokens > limit:
+        raise DapqError(f"prompt of {len(row) + len(question)} tokens + {sampling.max_new_tokens} new tokens "
+                        f"exceeds the model's context of {limit}")
     full = build("full")
     base = prefill(model, full, make_batch(model, full, [row], pad_id=pad_token_id(tokenizer)))
     input_ids = base.batch.input_ids
@@ -317,10 +341,17 @@ def generate_many(
         for start in range(0, len(members), max_batch):
             chunk = members[start : start + max_batch]
             stacked = PrefillResult.stack([states[i] for i in chunk])
-            ids, reasons, decode_s = decode(model, tokenizer, stacked, sampling)
+            with DecodeStepper(model, stacked, len(question) + sampling.max_new_tokens) as stepper:
+                start = time.perf_counter()
+                logits = stepper.extend(torch.tensor([question] * len(chunk), device=model.device)) if question \
+                    else stacked.logits
+                _sync(model.device)
+                question_s = time.perf_counter() - start
+                ids, reasons, decode_s = sample_loop(model, tokenizer, stepper, logits, sampling)
             out = _results(model, tokenizer, stacked, [methods[i] for i in chunk], [row] * len(chunk), ids, reasons,
                            decode_s, sampling, prefill_s=[prefill_s[i] for i in chunk],
                            compress_s=[compress_s[i] for i in chunk])
             for i, result in zip(chunk, out, strict=True):
+                result.question_tokens, result.question_s = len(question), question_s if question else 0.0
                 results[i] = result
     return results

@@ -127,6 +127,22 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def supported_config(name: str | None):
+    """``(path, config)`` of a model dapq can score, read without its weights."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(name)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as exc:
+        raise DapqError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return path, config
+
+
 def load_model(
     name: str | None = None,
     *,
@@ -148,20 +164,12 @@ def load_model(
         ``sdpa`` (default), ``eager``, or a ``flash_attention_*`` this transformers registers (CUDA
         only; :func:`dapq.compat.attention_implementations`).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = _dtype(dtype)
     dev = resolve_device(device)
     check_attention(attn_implementation, dev)
-    path = resolve_model_path(name)
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError as exc:
-        raise DapqError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModelError(
-            f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    path, _ = supported_config(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
     except ImportError as exc:  # a flash-attention implementation whose package is missing
@@ -207,18 +215,19 @@ class ModelSpec:
         if self.loader is not None:
             model, tokenizer = self.loader(self)  # only tests use loaders: their models are tiny
             return tokenizer, model.config
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        path = resolve_model_path(self.name)
-        try:
-            config = AutoConfig.from_pretrained(path)
-        except OSError as exc:
-            raise DapqError(f"cannot load model {self.name!r}: {str(exc).splitlines()[0]}") from None
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
+        path, config = supported_config(self.name)
         return AutoTokenizer.from_pretrained(path), config
+
+    def peer_fields(self) -> dict:
+        """What a peer's child process loads (kvpress, :mod:`dapq.integrations.kvpress_peer`).
+
+        A child cannot run a ``loader``; it loads ``name`` with :func:`load_model`.
+        """
+        if self.loader is not None:
+            raise DapqError("a peer's child process cannot use a model loader: give the model as a directory")
+        return {"name": self.name, "dtype": self.dtype, "device": self.device, "attn": self.attn_implementation}
 
     def on(self, device: str | None) -> ModelSpec:
         """The same spec on another device."""

@@ -93,3 +93,41 @@ def test_length_table_averages_tasks_per_length():
     assert rows[0] == ["full", "all", "75.0", "0.0", "37.5"]
     assert rows[1] == ["dapq", "64", "100.0", "-", "100.0"]
     assert length_table(records[:2], "ruler") is None  # one length: nothing to split
+
+
+def _row_rec(label, score, *, budget=None, ratio=None, compress="prompt", peer=None, kept=1, sid="s"):
+    return {"key": f"{label}{budget}{ratio}{compress}{sid}", "taskset": "ruler", "task": "vt", "label": label,
+            "budget": budget, "ratio": ratio, "compress": compress, "peer": peer, "score": score,
+            "kv_bytes_kept": kept, "kv_bytes_full": 4, "meta": {}, "config": {"kvpress_version": "0.5.5"}}
+
+
+def test_modes_ratios_and_peers_get_their_own_rows(tmp_path):
+    records = [
+        _row_rec("full", 1.0, kept=4), _row_rec("full", 0.5, compress="context", kept=4),
+        _row_rec("dapq", 0.5, budget=64), _row_rec("dapq", 0.25, budget=64, compress="context"),
+        _row_rec("dapq", 0.5, ratio=0.25, compress="context"),
+        _row_rec("kvpress:SnapKVPress", 0.4, ratio=0.25, compress="context", peer="kvpress"),
+    ]
+    header, rows = table(records, "ruler")
+    assert header[:4] == ["method", "budget", "compress", "VT"]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("full", "all", "prompt"), ("dapq", "64", "prompt"),
+        ("full", "all", "context"), ("dapq", "64", "context"), ("dapq", "25%", "context"),
+        ("kvpress:SnapKVPress (kvpress peer)", "25%", "context"),
+    ]
+    rel = {(r[0], r[1], r[2]): r[-3] for r in rows}
+    # % of FullKV against FullKV of the same mode: 0.25 / 0.5 in context mode, 0.5 / 1.0 in prompt mode.
+    assert rel[("dapq", "64", "context")] == "50.0" and rel[("dapq", "64", "prompt")] == "50.0"
+    assert rel[("kvpress:SnapKVPress (kvpress peer)", "25%", "context")] == "80.0"
+    shutil.copy(FIX / "results.jsonl", tmp_path / "results.jsonl")
+    with ResultsStore(tmp_path) as store:
+        for r in records:
+            store.append({**r, "taskset": "niah", "task": "niah", "meta": {"length": 100, "depth": 0.5}})
+    text = render(tmp_path)
+    assert "(kvpress peer) ran through kvpress 0.5.5's own pipeline" in text and "compress = context" in text
+    assert (tmp_path / "niah-ratio.png").exists() and (tmp_path / "niah-heatmap-dapq-25_-context.png").exists()
+
+
+def test_a_table_without_context_cells_has_no_mode_column():
+    header, _ = table([_row_rec("full", 1.0), _row_rec("dapq", 0.5, budget=64)], "ruler")
+    assert header[:3] == ["method", "budget", "VT"]

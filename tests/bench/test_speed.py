@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from dapq.bench import speed
-from dapq.bench.peers import press_kwargs, run_kvpress
 from dapq.bench.runner import parse_methods
 from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, Timing, measure
 from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
 from dapq.decoding import DecodeStepper
+from dapq.errors import DapqError
+from dapq.integrations.kvpress_peer import press_kwargs, run_kvpress
 from dapq.methods import build
 
 from conftest import TOKENIZER, random_prompt, tiny_model
@@ -97,9 +98,9 @@ def test_repeated_state_decodes_like_the_single_one(llama, name):
     assert many.cache.kv_bytes() == 3 * single.cache.kv_bytes()
     tokens = [5, 9, 11]
     with DecodeStepper(llama, many, len(tokens)) as step:
-        rep = [step(torch.tensor([t] * 3), i) for i, t in enumerate(tokens)]
+        rep = [step(torch.tensor([t] * 3)) for t in tokens]
     with DecodeStepper(llama, single, len(tokens)) as step:
-        one = [step(torch.tensor([t]), i) for i, t in enumerate(tokens)]
+        one = [step(torch.tensor([t])) for t in tokens]
     for r, o in zip(rep, one, strict=True):
         torch.testing.assert_close(r, o.expand(3, -1), rtol=1e-5, atol=1e-5)
 
@@ -111,9 +112,9 @@ def test_decode_cell_figures(llama):
     clock = FakeClock()
     real_step = DecodeStepper.__call__
 
-    def timed_step(self, token, step):
+    def timed_step(self, token):
         clock.now += 0.5  # every decode step "takes" half a second
-        return real_step(self, token, step)
+        return real_step(self, token)
 
     DecodeStepper.__call__ = timed_step
     try:
@@ -285,3 +286,22 @@ def test_random_weights_from_a_config_file(tmp_path):
     store = _run(model, tmp_path, methods="full,dapq", cfg=SpeedConfig(**{**TINY.__dict__, "parts": ("decode",),
                                                                           "batches": (1,)}))
     assert all(r["tokens_per_s"] > 0 for r in store)
+
+
+def test_any_kvpress_press_as_a_speed_peer_with_its_prefill_cost(tmp_path, tokenizer):
+    import_kvpress()
+    path = save_tiny(tmp_path / "m", tokenizer)
+    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
+            "threads": 1, "budget": 8, "presses": ["kvpress:TOVAPress", "none"], "decode_tokens": 3,
+            "repeats": 2, "warmup": 0, "ids": random_prompt(40)}
+    rows = {r["label"]: r for r in run_kvpress(spec, timeout=300)}
+    assert set(rows) == {"kvpress-kvpress:TOVAPress", "kvpress-none"}, rows
+    tova, none = rows["kvpress-kvpress:TOVAPress"], rows["kvpress-none"]
+    assert tova["press"] == "TOVAPress" and none["press"] is None and len(tova["runs"]) == len(none["runs"]) == 2
+    paired = [a["prefill_s"] / b["prefill_s"] for a, b in zip(tova["runs"], none["runs"], strict=True)]
+    assert tova["prefill_ratio_to_no_press"] == pytest.approx(sorted(paired)[0] / 2 + sorted(paired)[1] / 2)
+    assert "prefill_ratio_to_no_press" not in none
+    from dapq.integrations.kvpress_peer import speed_press
+
+    with pytest.raises(DapqError, match="no kvpress peer"):
+        speed_press("tova")

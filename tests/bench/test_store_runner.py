@@ -183,3 +183,72 @@ def test_sample_stop_strings_cut_the_prediction(tmp_path, tokenizer, shared):
     run_sweep(model, tokenizer, [dataclasses.replace(sample, stop=(stop,))], parse_methods("full"), [16], stopped,
               model_id="tiny", show_progress=False, shared_prefill=shared)
     assert next(iter(stopped))["prediction"] == text[: text.index(stop)]
+
+
+def test_context_mode_cells_equal_the_context_api(tmp_path, tokenizer):
+    """--compress context: each cell is compress_context + ask on the task's own split, shared or not."""
+    from dapq.bench.runner import encode_sample
+    from dapq.context import ask, compress_context
+
+    model = tiny_model("llama", max_position_embeddings=1024)
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 1.0)))
+    methods = parse_methods("full,dapq,snapkv,deferkv")
+    runs = {}
+    for shared in (False, True):
+        store = ResultsStore(tmp_path / str(shared))
+        run_sweep(model, tokenizer, samples, methods, [16], store, model_id="tiny", show_progress=False,
+                  shared_prefill=shared, compress="context", ratios=[0.5])
+        runs[shared] = {r["key"]: r for r in store}
+    assert {k: r["prediction"] for k, r in runs[True].items()} == {k: r["prediction"] for k, r in runs[False].items()}
+    records = list(runs[True].values())
+    assert len(records) == len(samples) * (1 + 3 * 2)
+    for r in records:
+        s = next(s for s in samples if s.sample_id == r["sample_id"])
+        context, question = encode_sample(tokenizer, s, "context")
+        assert r["compress"] == "context" and r["question_tokens"] == len(question) > 0
+        assert r["prompt_tokens"] == len(context)  # what was compressed: the context
+        spec = next(m for m in methods if m.label == r["label"])
+        ctx = compress_context(model, tokenizer, [], spec.build(r["budget"], r["ratio"]), context_ids=[list(context)])
+        direct = ask(model, tokenizer, ctx, [], question_ids=[list(question)], max_new_tokens=s.max_new_tokens)[0]
+        assert r["prediction"] == direct.text
+        if r["ratio"] is not None:  # --ratios keeps ceil(ratio * Lc) context tokens per KV head
+            assert r["kv_bytes_kept"] / r["kv_bytes_full"] == pytest.approx(-(-len(context) // 2) / len(context))
+    prompt_mode = ResultsStore(tmp_path / "prompt")
+    run_sweep(model, tokenizer, samples, methods, [16], prompt_mode, model_id="tiny", show_progress=False)
+    assert not set(runs[True]) & {r["key"] for r in prompt_mode}  # the mode is part of a cell's key
+    assert {r["compress"] for r in prompt_mode} == {"prompt"}
+
+
+def test_prompt_mode_keys_are_unchanged(tmp_path, tokenizer):
+    """Results files written before --compress existed resume: prompt-mode keys did not change."""
+    from dapq.bench.store import cell_key
+
+    model = tiny_model("llama", max_position_embeddings=1024)
+    (s,) = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.5,)))
+    store = ResultsStore(tmp_path)
+    run_sweep(model, tokenizer, [s], parse_methods("snapkv"), [16], store, model_id="tiny", show_progress=False)
+    from dapq.methods import build
+
+    old = cell_key(model="tiny", sample=s.sample_id, task=s.task, config=build("snapkv", budget=16).config(),
+                   max_new_tokens=s.max_new_tokens, prompt=s.prompt, chat=s.chat)
+    assert [r["key"] for r in store] == [old]
+
+
+def test_context_mode_needs_a_question_part(tmp_path, tokenizer):
+    model = tiny_model("llama", max_position_embeddings=1024)
+    (s,) = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.5,)))
+    with pytest.raises(DapqError, match="no question part"):
+        run_sweep(model, tokenizer, [dataclasses.replace(s, context_end=None)], parse_methods("full"), [16],
+                  ResultsStore(tmp_path), model_id="tiny", show_progress=False, compress="context")
+
+
+def test_parse_ratios():
+    from dapq.bench.runner import cells, parse_ratios
+
+    assert parse_ratios("0.25, 0.5") == [0.25, 0.5]
+    for bad in ("0", "1", "1.5", "x", ""):
+        with pytest.raises(ConfigError):
+            parse_ratios(bad)
+    specs = parse_methods("full,snapkv")
+    assert [(s.name, b, r) for s, b, r in cells(specs, [64], [0.5])] == [
+        ("full", None, None), ("snapkv", 64, None), ("snapkv", None, 0.5)]

@@ -44,13 +44,25 @@ def _percent(mean: float, digits: int) -> str:
     return f"{round(100 * mean, digits):.{digits}f}"
 
 
-def _row_key(r: dict) -> tuple[str, int | None]:
-    return r["label"], r.get("budget")
+def _row_key(r: dict) -> tuple:
+    """(label, budget, ratio, compress mode, peer): one table row."""
+    return r["label"], r.get("budget"), r.get("ratio"), r.get("compress") or "prompt", r.get("peer")
 
 
 def _sort_rows(keys):
-    # FullKV first, then by budget, then by label (the paper's layout).
-    return sorted(keys, key=lambda k: (k[0] != "full", k[1] or 0, k[0]))
+    # Prompt mode before context mode; FullKV first, then budgets, then ratios (small to large),
+    # then dapq's methods before peers, by label: the paper's layout.
+    return sorted(keys, key=lambda k: (k[3] != "prompt", k[0] != "full", k[2] is not None, k[1] or k[2] or 0,
+                                       k[4] is not None, k[0]))
+
+
+def _label(key: tuple) -> str:
+    return f"{key[0]} (kvpress peer)" if key[4] else key[0]
+
+
+def _size(key: tuple) -> str:
+    """The budget column: tokens per KV head, or the share of the prompt kept (--ratios)."""
+    return str(key[1]) if key[1] is not None else f"{100 * key[2]:g}%" if key[2] is not None else "all"
 
 
 def expand(records: list[dict]) -> list[dict]:
@@ -79,16 +91,19 @@ def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]
             kv_mib[_row_key(r)].append(r["kv_bytes_kept"] / 2**20)
     base_tasks = [t for t in order if ":" not in t]
     averages = {k: _mean([_mean(v[t]) for t in base_tasks if v.get(t)]) for k, v in scores.items()}
-    full_avg = next((a for (label, _), a in averages.items() if label == "full"), None)
-    header = ["method", "budget"] + [DISPLAY.get(t, t) for t in order] + ["avg", "% of FullKV", "KV kept", "KV MiB"]
+    # "% of FullKV" compares with FullKV in the same mode: context mode answers other inputs.
+    full_avg = {k[3]: a for k, a in averages.items() if k[0] == "full"}
+    modes = any(k[3] != "prompt" for k in scores)
+    header = (["method", "budget"] + (["compress"] if modes else []) + [DISPLAY.get(t, t) for t in order]
+              + ["avg", "% of FullKV", "KV kept", "KV MiB"])
     digits = DIGITS.get(taskset, 1)
     rows = []
     for key in _sort_rows(scores):
-        label, budget = key
         cells = [_percent(m, digits) if (m := _mean(scores[key].get(t, []))) is not None else "-" for t in order]
-        avg = averages[key]
-        rel = f"{100 * avg / full_avg:.1f}" if avg is not None and full_avg else "-"
-        rows.append([label, str(budget or "all"), *cells, _percent(avg, digits) if avg is not None else "-", rel,
+        avg, full = averages[key], full_avg.get(key[3])
+        rel = f"{100 * avg / full:.1f}" if avg is not None and full else "-"
+        rows.append([_label(key), _size(key), *([key[3]] if modes else []), *cells,
+                     _percent(avg, digits) if avg is not None else "-", rel,
                      f"{100 * _mean(kv[key]):.1f}%" if kv[key] else "-",
                      f"{_mean(kv_mib[key]):.1f}" if kv_mib[key] else "-"])
     return header, rows
@@ -103,12 +118,14 @@ def length_table(records: list[dict], taskset: str) -> tuple[list[str], list[lis
     scores: dict[tuple, dict[int, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rs:
         scores[_row_key(r)][r["meta"]["length"]][r["task"]].append(r["score"])
-    header = ["method", "budget"] + [f"{length} tok" for length in lengths] + ["avg"]
+    modes = any(k[3] != "prompt" for k in scores)
+    header = ["method", "budget"] + (["compress"] if modes else []) + [f"{length} tok" for length in lengths] + ["avg"]
     rows = []
     for key in _sort_rows(scores):
         per = [_mean([_mean(v) for v in scores[key][length].values()]) for length in lengths]
         done = [p for p in per if p is not None]
-        rows.append([key[0], str(key[1] or "all"), *(f"{100 * p:.1f}" if p is not None else "-" for p in per),
+        rows.append([_label(key), _size(key), *([key[3]] if modes else []),
+                     *(f"{100 * p:.1f}" if p is not None else "-" for p in per),
                      f"{100 * _mean(done):.1f}" if done else "-"])
     return header, rows
 
@@ -119,36 +136,42 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def plot_budget_curves(records: list[dict], taskset: str, path: Path) -> Path | None:
-    """Average score against budget, one line per method; FullKV as a dashed line."""
+def plot_budget_curves(records: list[dict], taskset: str, path: Path, *, by: str = "budget") -> Path | None:
+    """Average score against budget (or kept ratio), one line per method and mode; FullKV dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rs = [r for r in records if r["taskset"] == taskset]
-    if not rs:
-        return None
-    per: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    full = []
+    per: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    full: dict[str, list[float]] = defaultdict(list)
     for r in rs:
+        key = _row_key(r)
+        mode = "" if key[3] == "prompt" else f" [{key[3]}]"
         if r["label"] == "full":
-            full.append(r["score"])
-        else:
-            per[r["label"]][r["budget"]].append(r["score"])
+            full[mode].append(r["score"])
+        elif r.get(by) is not None:
+            per[_label(key) + mode][r[by]].append(r["score"])
+    if not per:
+        return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, by_budget in sorted(per.items()):
-        xs = sorted(by_budget)
-        ax.plot(xs, [100 * _mean(by_budget[x]) for x in xs], marker="o", label=label)
-    if full:
-        ax.axhline(100 * _mean(full), color="black", linestyle="--", label="full")
-    ax.set_xscale("log", base=2)
-    budgets = sorted({b for by_budget in per.values() for b in by_budget})
-    ax.set_xticks(budgets, [str(b) for b in budgets])
-    ax.set_xlabel("KV budget (tokens per head per layer)")
+    for label, by_size in sorted(per.items()):
+        xs = sorted(by_size)
+        ax.plot(xs, [100 * _mean(by_size[x]) for x in xs], marker="o", label=label)
+    for mode, scores in sorted(full.items()):
+        ax.axhline(100 * _mean(scores), color="black", linestyle="--" if not mode else ":", label="full" + mode)
+    sizes = sorted({x for by_size in per.values() for x in by_size})
+    if by == "budget":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("KV budget (tokens per head per layer)")
+    else:
+        ax.set_xticks(sizes, [f"{100 * x:g}%" for x in sizes])
+        ax.set_xlabel("share of the prompt (or context) kept")
     ax.set_ylabel("score (%)")
-    ax.set_title(f"{taskset}: score vs budget")
-    ax.legend(fontsize=8)
+    ax.set_title(f"{taskset}: score vs {by}")
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -168,7 +191,7 @@ def plot_niah_heatmaps(records: list[dict], out_dir: Path) -> list[Path]:
     for r in rs:
         groups[_row_key(r)].append(r)
     paths = []
-    for (label, budget), group in _sorted_groups(groups):
+    for key, group in _sorted_groups(groups):
         lengths = sorted({r["meta"]["length"] for r in group})
         depths = sorted({r["meta"]["depth"] for r in group})
         grid = [[_mean([r["score"] for r in group if r["meta"]["length"] == n and r["meta"]["depth"] == d])
@@ -180,10 +203,12 @@ def plot_niah_heatmaps(records: list[dict], out_dir: Path) -> list[Path]:
         ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
         ax.set_xlabel("context length")
         ax.set_ylabel("needle depth")
-        ax.set_title(f"{label} budget={budget or 'all'}", fontsize=9)
+        title = f"{_label(key)} budget={_size(key)}" + (f" ({key[3]} mode)" if key[3] != "prompt" else "")
+        ax.set_title(title, fontsize=9)
         fig.colorbar(im, ax=ax)
         fig.tight_layout()
-        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in f"{label}-{budget or 'all'}")
+        name = f"{key[0]}-{_size(key)}" + (f"-{key[3]}" if key[3] != "prompt" else "")
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
         path = out_dir / f"niah-heatmap-{safe}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -208,13 +233,22 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
             continue
         header, rows = table(records, taskset)
         parts += ["", f"## {taskset}", "", markdown(header, rows)]
+        if any(r.get("peer") for r in records if r["taskset"] == taskset):
+            version = next((r["config"].get("kvpress_version") for r in records if r.get("peer")), "?")
+            parts += ["", f"Rows marked (kvpress peer) ran through kvpress {version}'s own pipeline "
+                          "(`KVPressTextGenerationPipeline`) on the same token ids, keeping as many context "
+                          "tokens per KV head as the budget says."]
+        if any((r.get("compress") or "prompt") == "context" for r in records if r["taskset"] == taskset):
+            parts += ["", "compress = context: only the context was compressed; the question was fed after it "
+                          "uncompressed. % of FullKV compares with FullKV in the same mode."]
         by_length = length_table(records, taskset)
         if by_length:
             parts += ["", f"### {taskset}: average by prompt length", "", markdown(*by_length)]
         if plots:
-            p = plot_budget_curves(records, taskset, out / f"{taskset}-budget.png")
-            if p:
-                parts += ["", f"![{taskset} score vs budget]({p.name})"]
+            for by in ("budget", "ratio"):
+                p = plot_budget_curves(records, taskset, out / f"{taskset}-{by}.png", by=by)
+                if p:
+                    parts += ["", f"![{taskset} score vs {by}]({p.name})"]
             if taskset == "niah":
                 for h in plot_niah_heatmaps(records, out):
                     parts.append(f"![{h.stem}]({h.name})")

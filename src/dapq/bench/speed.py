@@ -300,8 +300,8 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
             compat.truncate(layer, width)  # forget the previous repeat's tokens: every repeat decodes the same steps
         token = first
         with DecodeStepper(model, state, steps) as step:
-            for t in range(steps):
-                token = step(token, t).argmax(dim=-1)
+            for _ in range(steps):
+                token = step(token).argmax(dim=-1)
         return None
 
     with PeakMemory(device) as mem:
@@ -334,8 +334,8 @@ def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedC
             state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0, tokenizer=tokenizer))
             token = state.logits.argmax(dim=-1)
             with DecodeStepper(model, state, steps) as step:
-                for t in range(steps - 1):
-                    token = step(token, t).argmax(dim=-1)
+                for _ in range(steps - 1):
+                    token = step(token).argmax(dim=-1)
         return run
 
     results = measure_round_robin({label: runner(m) for label, m in methods.items()}, repeats=cfg.repeats,

@@ -184,6 +184,23 @@ def peer_table(index: _Index, setting: tuple) -> tuple[list[str], list[list[str]
     return header, rows
 
 
+def peer_cost_table(index: _Index, setting: tuple) -> tuple[list[str], list[list[str]]]:
+    """Each kvpress press's context prefill against kvpress's pipeline without a press (same child, same rounds)."""
+    model, device, dtype, _ = setting
+    header = ["kvpress press", "context", "prefill under the press s", "prefill without a press s",
+              "compression cost, % of the prefill"]
+    rows = []
+    for context in index.values("peer", 4):
+        base, _ = index.get((model, device, dtype, "peer", context, 1), "kvpress-none")
+        for peer in sorted({k[-1] for k in index.by if k[3] == "peer" and k[4] == context} - {"kvpress-none"}):
+            r, _ = index.get((model, device, dtype, "peer", context, 1), peer)
+            if r is None or base is None or r.get("prefill_ratio_to_no_press") is None:
+                continue
+            rows.append([peer, str(context), f"{_med(r['forward_s']):.3f}", f"{_med(base['forward_s']):.3f}",
+                         f"{100 * (r['prefill_ratio_to_no_press'] - 1):.1f}"])
+    return header, rows
+
+
 def errors(records: list[dict]) -> list[str]:
     return [f"- {r.get('label')}: {r['error']}" for r in records if r.get("analysis") == "speed" and r.get("error")
             and not r.get("oom")]
@@ -202,7 +219,9 @@ def render_speed(records: list[dict]) -> str:
         for title, fn in (("Decode throughput (tokens/s) vs batch size, ratio to FullKV", throughput_table),
                           ("TTFT: prefill + compress seconds vs context length, ratio to FullKV", ttft_table),
                           ("Memory during decoding vs batch size", memory_table),
-                          ("dapq vs kvpress (same prompt, same model, same run)", peer_table)):
+                          ("dapq vs kvpress (same prompt, same model, same run)", peer_table),
+                          ("kvpress's compression cost: prefill under each press vs no press (median of "
+                           "per-round ratios)", peer_cost_table)):
             header, rows = fn(index, setting)
             if rows:
                 parts += [f"#### {title}", "", markdown(header, rows), ""]

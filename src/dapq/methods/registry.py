@@ -49,3 +49,41 @@ def build(name: str, **params: Any):
             f"it takes {', '.join(sorted(cls.field_names()))}"
         )
     return cls(**params)
+
+
+def build_from_options(
+    name: str,
+    *,
+    budget: int | None = None,
+    ratio: float | None = None,
+    window: int | None = None,
+    content: str | None = None,
+    preset: str | None = None,
+):
+    """Build a method from command-line options, rejecting options the method does not take.
+
+    ``content="text:YOUR TEXT"`` is DapQ's user-supplied pseudo context. Used by ``dapq generate``
+    and by bulk generation's defaults.
+    """
+    cls = method_class(name)
+    params: dict = {} if preset is None else {"preset": preset}
+    if budget is not None:
+        params["budget"] = budget
+    if ratio is not None:
+        params["ratio"] = ratio
+    if window is not None:
+        if window < 1:
+            raise ConfigError(f"window must be >= 1, got {window}")
+        if "window" not in cls.field_names():
+            raise ConfigError(f"method {name!r} has no window")
+        params["window"] = window
+    if content is not None:
+        if "content" not in cls.field_names():
+            raise ConfigError(f"method {name!r} takes no --content")
+        if content.startswith("text:"):
+            params.update(content="text", text=content[len("text:") :])
+        else:
+            params["content"] = content
+    if cls.name != "full" and budget is None and ratio is None:
+        raise ConfigError(f"method {name!r} needs --budget or --ratio")
+    return build(name, **params)

@@ -18,6 +18,7 @@ def test_length_depth_and_determinism(tokenizer, length, depth):
     assert s == make_needle_prompt(tokenizer, length, depth, seed=3)
     assert s != make_needle_prompt(tokenizer, length, depth, seed=4)
     body = s.prompt[: s.prompt.index("\nWhat is")]
+    assert s.prompt[: s.context_end] == body  # --compress context: the haystack, without the question
     needle = body.index("One of the special magic numbers")
     needle_len = body.index(s.reference, needle) + len(s.reference) + 2 - needle
     # The needle starts where the depth says, within one haystack sentence (about 90 characters).

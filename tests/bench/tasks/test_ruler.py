@@ -42,3 +42,11 @@ def test_references_are_findable(ruler):
     mv = next(s for s in ruler if s.task == "niah_multivalue")
     vt = next(s for s in ruler if s.task == "vt")
     assert len(mq.references) == 4 and len(mv.references) == 4 and len(vt.references) == 5
+
+
+def test_context_ends_before_the_question(ruler):
+    """--compress context compresses prompt[:context_end]; the question follows it, never inside it."""
+    for s in ruler:
+        context, question = s.prompt[: s.context_end], s.prompt[s.context_end :]
+        assert question.startswith("\n") and question.rstrip()[-1] in "?.", s.task
+        assert "Question:" not in context and "What are all" not in context, s.task

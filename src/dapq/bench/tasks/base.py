@@ -99,17 +99,27 @@ def select_tasks(args: TaskArgs, known: tuple[str, ...], what: str) -> tuple[str
     return tasks
 
 
+def fill(template: str, context: str, **fields) -> tuple[str, int]:
+    """``template`` with ``{context}`` and ``fields`` filled in, and the offset where the context ends.
+
+    The offset is :attr:`Sample.context_end`: what ``--compress context`` compresses is the
+    prompt up to it, the question part the rest.
+    """
+    before = template.partition("{context}")[0].format(**fields)
+    return template.format(context=context, **fields), len(before) + len(context)
+
+
 def fit_to_length(tokenizer, build: Callable[[int], tuple[str, str]], length: int, *, chat: bool = True) -> int:
     """Largest ``n`` such that the prompt ``build(n)`` encodes to at most ``length`` tokens.
 
-    ``build(n)`` returns ``(prompt, answer_prefix)`` with ``n`` units of filler (sentences,
-    list items, distractor needles). The real prompt is tokenised at every probe, chat template
+    ``build(n)`` returns ``(prompt, answer_prefix, ...)`` with ``n`` units of filler (sentences,
+    list items, distractor needles); what follows the first two items is the caller's. The real prompt is tokenised at every probe, chat template
     included, because BPE merges across unit boundaries make per-unit counts drift.
     """
     from ...generation import encode_prompts
 
     def size(n: int) -> int:
-        prompt, prefix = build(n)
+        prompt, prefix = build(n)[:2]
         return len(encode_prompts(tokenizer, [prompt], chat=chat, answer_prefix=prefix)[0])
 
     if size(0) > length:

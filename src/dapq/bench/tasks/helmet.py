@@ -70,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import DapqError
-from .base import Sample, TaskArgs, select_tasks, taskset
+from .base import Sample, TaskArgs, fill, select_tasks, taskset
 from .files import data_root, hub_rows, locate, read_jsonl, require, require_list
 
 SEED = 42  # HELMET's arguments.py default
@@ -164,11 +164,10 @@ def _permutation(n: int, seed: int) -> list[int]:
 # --------------------------------------------------------------------------- prompt assembly
 def _render(user: str, fields: dict, task: HelmetTask) -> tuple[str, int]:
     """The prompt (user template, plus "\\n" + system template without chat) and its context end."""
-    before = user.partition("{context}")[0].format(**fields)
-    prompt = user.format(**fields)
+    prompt, context_end = fill(user, **fields)
     if not task.chat:
         prompt += "\n" + task.system
-    return prompt, len(before) + len(fields["context"])
+    return prompt, context_end
 
 
 def _drop_last_tokens(tokenizer, text: str, n: int) -> str:

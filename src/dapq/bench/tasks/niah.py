@@ -35,6 +35,8 @@ class NeedleSample:
     reference: str
     length: int
     depth: float
+    context_end: int
+    """Where the haystack ends and the question begins (``Sample.context_end``)."""
 
 
 def make_needle_prompt(
@@ -71,20 +73,15 @@ def make_needle_prompt(
         prefix = ANSWER_PREFIX.format(key=key)
     units = sentences(haystack)
 
-    def build(n: int) -> tuple[str, str]:
+    def build(n: int) -> tuple[str, str, int]:
         body = [units[i % len(units)] for i in range(n)]
         body.insert(round(depth * n), needle)
-        return "".join(body) + question, prefix
+        haystack = "".join(body)
+        return haystack + question, prefix, len(haystack)
 
-    n = fit_to_length(tokenizer, build, length, chat=chat)
-    return NeedleSample(
-        sample_id=f"niah-{length}-{depth:.2f}-s{seed}",
-        prompt=build(n)[0],
-        answer_prefix=prefix,
-        reference=value,
-        length=length,
-        depth=depth,
-    )
+    prompt, _, context_end = build(fit_to_length(tokenizer, build, length, chat=chat))
+    return NeedleSample(sample_id=f"niah-{length}-{depth:.2f}-s{seed}", prompt=prompt, answer_prefix=prefix,
+                        reference=value, length=length, depth=depth, context_end=context_end)
 
 
 @taskset("niah")
@@ -109,6 +106,7 @@ def niah_samples(tokenizer, args: TaskArgs) -> list[Sample]:
                         prompt=s.prompt, references=(s.reference,),
                         metric="exact_number" if kind == "number" else "rouge1_recall",
                         answer_prefix=s.answer_prefix, max_new_tokens=16 if kind == "number" else 40,
+                        context_end=s.context_end,
                         meta={"length": length, "depth": depth, "haystack": args.haystack},
                     ))
     return out

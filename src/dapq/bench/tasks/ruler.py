@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 from ...errors import DapqError
-from .base import Sample, TaskArgs, fit_to_length, select_tasks, taskset
+from .base import Sample, TaskArgs, fill, fit_to_length, select_tasks, taskset
 from .haystack import haystack_text, sentences
 from .words import ADJECTIVES, COMMON, NOUNS
 
@@ -93,7 +93,7 @@ def _value(rng: random.Random, kind: str) -> str:
     return str(rng.randint(1_000_000, 9_999_999))
 
 
-def _niah(tokenizer, spec: NiahSpec, length: int, rng: random.Random, essay: str) -> tuple[str, str, list[str]]:
+def _niah(tokenizer, spec: NiahSpec, length: int, rng: random.Random, essay: str) -> tuple[str, str, int, list[str]]:
     type_v = "numbers" if spec.value_type == "numbers" else "UUIDs"
     keys: list[str] = []
     while len(keys) < spec.num_keys:
@@ -108,33 +108,30 @@ def _niah(tokenizer, spec: NiahSpec, length: int, rng: random.Random, essay: str
     references = [v for k in queried for v in values[k]]
     if spec.haystack == "needle":
         # The haystack is made of distractor needles with other keys and values.
-        fill = []
-        while len(fill) < 4096:
+        filler = []
+        while len(filler) < 4096:
             k = _key(rng, spec.key_type)
             if k not in values:
-                fill.append(NEEDLE.format(type_v=type_v, key=k, value=_value(rng, spec.value_type)))
+                filler.append(NEEDLE.format(type_v=type_v, key=k, value=_value(rng, spec.value_type)))
     else:
-        fill = sentences(essay if spec.haystack == "essay" else haystack_text("noise"))
+        filler = sentences(essay if spec.haystack == "essay" else haystack_text("noise"))
     spots = [rng.random() for _ in needles]
 
-    def build(n: int) -> tuple[str, str]:
-        body = [fill[i % len(fill)] for i in range(n)]
+    def build(n: int) -> tuple[str, str, int]:
+        body = [filler[i % len(filler)] for i in range(n)]
         for needle, spot in sorted(zip(needles, spots, strict=True), key=lambda x: -x[1]):
             body.insert(round(spot * len(body)), needle)
-        context = "".join(body)
-        return NIAH_TEMPLATE.format(type_v=type_v, context=context, query=query), NIAH_PREFIX.format(
-            type_v=type_v, query=query)
+        prompt, context_end = fill(NIAH_TEMPLATE, "".join(body), type_v=type_v, query=query)
+        return prompt, NIAH_PREFIX.format(type_v=type_v, query=query), context_end
 
-    n = fit_to_length(tokenizer, build, length)
-    prompt, prefix = build(n)
-    return prompt, prefix, references
+    return *build(fit_to_length(tokenizer, build, length)), references
 
 
 def _variable(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
 
 
-def _vt(tokenizer, length: int, rng: random.Random, hops: int = 4) -> tuple[str, str, list[str]]:
+def _vt(tokenizer, length: int, rng: random.Random, hops: int = 4) -> tuple[str, str, int, list[str]]:
     names: list[str] = []
     while len(names) < hops + 1:
         v = _variable(rng)
@@ -145,30 +142,30 @@ def _vt(tokenizer, length: int, rng: random.Random, hops: int = 4) -> tuple[str,
     noise = sentences(haystack_text("noise"))
     spots = sorted(rng.random() for _ in chain)
 
-    def build(n: int) -> tuple[str, str]:
+    def build(n: int) -> tuple[str, str, int]:
         body = [noise[i % len(noise)] for i in range(n)]
         # Insert in chain order at increasing depths, so each assignment follows the one it uses.
         for offset, (stmt, spot) in enumerate(zip(chain, spots, strict=True)):
             body.insert(round(spot * n) + offset, stmt)
-        return VT_TEMPLATE.format(context="".join(body), query=value), VT_PREFIX.format(n=len(names), query=value)
+        prompt, context_end = fill(VT_TEMPLATE, "".join(body), query=value)
+        return prompt, VT_PREFIX.format(n=len(names), query=value), context_end
 
-    n = fit_to_length(tokenizer, build, length)
-    prompt, prefix = build(n)
-    return prompt, prefix, names
+    return *build(fit_to_length(tokenizer, build, length)), names
 
 
-def _cwe(tokenizer, length: int, rng: random.Random, freq_rare: int = 3, n_common: int = 10) -> tuple[str, str, list[str]]:
+def _cwe(tokenizer, length: int, rng: random.Random, freq_rare: int = 3, n_common: int = 10
+         ) -> tuple[str, str, int, list[str]]:
     words = list(COMMON)
     rng.shuffle(words)
     common, rare_pool = words[:n_common], words[n_common:]
     order_seed = rng.random()
 
     def builder(freq_common: int):
-        def build(n: int) -> tuple[str, str]:
+        def build(n: int) -> tuple[str, str, int]:
             items = common * freq_common + [rare_pool[i % len(rare_pool)] for i in range(n)] * freq_rare
             random.Random(order_seed).shuffle(items)
-            context = " ".join(f"{i + 1}. {w}" for i, w in enumerate(items))
-            return CWE_TEMPLATE.format(context=context), CWE_PREFIX
+            prompt, context_end = fill(CWE_TEMPLATE, " ".join(f"{i + 1}. {w}" for i, w in enumerate(items)))
+            return prompt, CWE_PREFIX, context_end
 
         return build
 
@@ -180,29 +177,30 @@ def _cwe(tokenizer, length: int, rng: random.Random, freq_rare: int = 3, n_commo
             n = fit_to_length(tokenizer, build, length)
         except DapqError:
             continue
-        prompt, prefix = build(min(n, len(rare_pool)))
-        return prompt, prefix, common
+        prompt, prefix, context_end = build(min(n, len(rare_pool)))
+        return prompt, prefix, context_end, common
     raise DapqError(f"CWE needs more than {length} tokens")
 
 
-def _fwe(tokenizer, length: int, rng: random.Random, alpha: float = 2.0) -> tuple[str, str, list[str]]:
+def _fwe(tokenizer, length: int, rng: random.Random, alpha: float = 2.0) -> tuple[str, str, int, list[str]]:
     vocab = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6))) for _ in range(2000)]
     vocab = list(dict.fromkeys(vocab))
     # Zipf weights: word rank r has weight 1 / r^alpha; the three most frequent are the answer.
     weights = [1 / (r + 1) ** alpha for r in range(len(vocab))]
     draw_seed = rng.random()
 
-    def build(n: int) -> tuple[str, str]:
+    def build(n: int) -> tuple[str, str, int]:
         draw = random.Random(draw_seed).choices(vocab, weights=weights, k=n)
-        return FWE_TEMPLATE.format(context=" .... ".join(draw)), FWE_PREFIX
+        prompt, context_end = fill(FWE_TEMPLATE, " .... ".join(draw))
+        return prompt, FWE_PREFIX, context_end
 
     n = fit_to_length(tokenizer, build, length)
-    prompt, prefix = build(n)
+    prompt, prefix, context_end = build(n)
     counts: dict[str, int] = {}
     for w in random.Random(draw_seed).choices(vocab, weights=weights, k=n):
         counts[w] = counts.get(w, 0) + 1
     top = sorted(counts, key=lambda w: -counts[w])[:3]
-    return prompt, prefix, top
+    return prompt, prefix, context_end, top
 
 
 @taskset("ruler")
@@ -217,20 +215,21 @@ def ruler_samples(tokenizer, args: TaskArgs) -> list[Sample]:
                 rng = random.Random(f"ruler-{task}-{length}-{args.seed}-{i}")
                 if task in NIAH_TASKS:
                     spec = NIAH_TASKS[task]
-                    prompt, prefix, refs = _niah(tokenizer, spec, length, rng, essay)
+                    prompt, prefix, context_end, refs = _niah(tokenizer, spec, length, rng, essay)
                     max_new = spec.max_new_tokens
                 elif task == "vt":
-                    prompt, prefix, refs = _vt(tokenizer, length, rng)
+                    prompt, prefix, context_end, refs = _vt(tokenizer, length, rng)
                     max_new = 30
                 elif task == "cwe":
-                    prompt, prefix, refs = _cwe(tokenizer, length, rng)
+                    prompt, prefix, context_end, refs = _cwe(tokenizer, length, rng)
                     max_new = 80
                 else:
-                    prompt, prefix, refs = _fwe(tokenizer, length, rng)
+                    prompt, prefix, context_end, refs = _fwe(tokenizer, length, rng)
                     max_new = 40
                 out.append(Sample(
                     taskset="ruler", task=task, sample_id=f"ruler-{task}-{length}-s{args.seed}-{i}",
                     prompt=prompt, references=tuple(refs), metric="string_match_all", answer_prefix=prefix,
-                    max_new_tokens=max_new, meta={"length": length, "haystack": args.haystack},
+                    max_new_tokens=max_new, context_end=context_end,
+                    meta={"length": length, "haystack": args.haystack},
                 ))
     return out

@@ -1,0 +1,79 @@
+"""kvpress presses as peers on accuracy: kvpress's own pipeline, in a child process, same tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from dapq.bench.runner import encode_sample, parse_methods, run_sweep
+from dapq.bench.store import ResultsStore
+from dapq.bench.tasks import TaskArgs, build_samples
+from dapq.errors import DapqError
+from dapq.integrations import kvpress_peer
+from dapq.models import ModelSpec, load_model
+
+from conftest import TOKENIZER
+from helpers import import_kvpress, save_tiny
+
+
+def test_missing_kvpress_says_how_to_get_it(monkeypatch):
+    monkeypatch.delenv(kvpress_peer.PYTHON_ENV, raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
+    with pytest.raises(DapqError, match=r"pip install 'dapq\[peers\]'.*DAPQ_KVPRESS_PYTHON"):
+        parse_methods("full,kvpress:SnapKVPress")
+    monkeypatch.setenv(kvpress_peer.PYTHON_ENV, "/no/such/python")
+    with pytest.raises(DapqError, match="no such interpreter"):
+        kvpress_peer.kvpress_python()
+
+
+def test_budget_maps_to_the_compression_ratio_that_keeps_it():
+    compute_n_kept = import_kvpress().utils.compute_n_kept  # kvpress's own rule
+    for n in (37, 100, 4095):
+        for kept in (1, 8, n // 2, n - 1):
+            assert compute_n_kept(n, kvpress_peer.compression_ratio(kept, n)) == kept
+    assert kvpress_peer.kept_tokens(100, None, 0.25) == 25 and kvpress_peer.kept_tokens(101, None, 0.25) == 26
+    with pytest.raises(DapqError):
+        kvpress_peer.compression_ratio(100, 100)
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("kvpress:NoSuchPress", "has no press 'NoSuchPress'"),
+    ("kvpress:SnapKVPress(window=3)", "takes no window"),
+    ("kvpress:SnapKVPress(compression_ratio=0.5)", "gets compression_ratio from the budget"),
+])
+def test_bad_presses_fail_before_any_work(spec, needle):
+    import_kvpress()
+    with pytest.raises(DapqError, match=needle):
+        parse_methods(f"full,{spec}")
+
+
+@pytest.mark.parametrize("compress", ["prompt", "context"])
+def test_peer_cells_equal_kvpress_pipeline_on_the_same_tokens(tmp_path, compress):
+    kvpress = import_kvpress()
+    model_dir = save_tiny(tmp_path / "m", TOKENIZER, max_position_embeddings=1024)
+    model, tokenizer = load_model(model_dir)
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 1.0)))
+    methods = parse_methods("full,snapkv,kvpress:SnapKVPress(window_size=8,kernel_size=7),kvpress:StreamingLLMPress")
+    store = ResultsStore(tmp_path / "sweep")
+    run_sweep(model, tokenizer, samples, methods, [16], store, model_id="tiny", show_progress=False, ratios=[0.5],
+              compress=compress, model_spec=ModelSpec(model_dir))
+    peers = [r for r in store if r["peer"] == "kvpress"]
+    assert len(peers) == len(samples) * 2 * 2 and len(store) == len(samples) * (1 + 3 * 2)
+    pipe = kvpress.KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    for r in peers:
+        s = next(s for s in samples if s.sample_id == r["sample_id"])
+        ids, question = encode_sample(tokenizer, s, compress)
+        context, question = (list(ids[:-1]), list(ids[-1:])) if question is None else (list(ids), list(question))
+        n_kept = 16 if r["budget"] else -(-len(context) // 2)
+        assert r["kv_bytes_kept"] * len(context) == r["kv_bytes_full"] * n_kept  # n_kept of Lc per layer
+        press = getattr(kvpress, r["config"]["press"])(compression_ratio=r["config"]["compression_ratio"],
+                                                       **r["config"]["press_kwargs"])
+        inputs = {"context_ids": torch.tensor([context]), "questions_ids": [torch.tensor([question])]}
+        with torch.no_grad():
+            text = pipe._forward(inputs, max_new_tokens=s.max_new_tokens, press=press, cache=DynamicCache())[0]
+        assert r["prediction"] == text and r["compress"] == compress
+        assert r["config"]["kvpress_version"] == "0.5.5"
