@@ -7,6 +7,8 @@ The conversion itself (20 s, the real GGUF file) is checked in ``tests/slow``; h
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -62,4 +64,22 @@ def test_first_conversion_is_silent_and_leaves_no_temporary(home, capsys):
     root, calls = home
     target = embedded.embedded_model_dir()
     assert capsys.readouterr().err == "" and len(calls) == 1
-    assert sorted(p.name for p in target.parent.iterdir()) == [embedded.EMBEDDED_MODEL]
+    lock = f".{embedded.EMBEDDED_MODEL}.lock"
+    assert sorted(p.name for p in target.parent.iterdir()) == [lock, embedded.EMBEDDED_MODEL]
+
+
+def test_workers_starting_together_convert_once(home, monkeypatch):
+    # Without the lock each thread sees no conversion, converts, and the later ones remove the
+    # directory the first one returned (or fail to rename onto it).
+    root, calls = home
+    fast = embedded.convert
+
+    def slow_convert(gguf_path, out):
+        time.sleep(0.2)
+        fast(gguf_path, out)
+
+    monkeypatch.setattr(embedded, "convert", slow_convert)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(lambda _: embedded.embedded_model_dir(), range(4)))
+    assert len(calls) == 1
+    assert len(set(paths)) == 1 and embedded.conversion_is_current(paths[0])

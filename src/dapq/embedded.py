@@ -21,6 +21,7 @@ stamp (written by an earlier dapq, or half-written) is converted again, with a o
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -64,20 +65,26 @@ def embedded_model_dir() -> Path:
     if conversion_is_current(target):
         return target
     gguf_dir = _gguf_dir()
-    if target.exists():
-        print(f"dapq: converting the embedded model again: {target} was written by an older dapq conversion",
-              file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Convert into a temporary sibling and rename: an interrupted conversion leaves no half cache.
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
-        convert(gguf_dir / _GGUF_FILE, tmp)
+    # Workers that start together (Ray actors on one node, `pytest -n`) would each convert and then
+    # remove the directory another one is loading: the first converts, the others wait and reuse.
+    with open(target.parent / f".{EMBEDDED_MODEL}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if conversion_is_current(target):
+            return target
         if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            print(f"dapq: converting the embedded model again: {target} was written by an older dapq conversion",
+                  file=sys.stderr)
+        # Convert into a temporary sibling and rename: an interrupted conversion leaves no half cache.
+        tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+        try:
+            convert(gguf_dir / _GGUF_FILE, tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
