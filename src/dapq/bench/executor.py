@@ -217,6 +217,9 @@ class PeerUnit(_Cells):
                 decode_tokens_per_s=0.0, finish_reason="", question_tokens=len(question))
             config = {**cell.spec.config(cell.budget, cell.ratio), "compression_ratio": kwargs["compression_ratio"],
                       "kvpress_version": child.kvpress_version}
+            if sum(answer.get("masked", ())):
+                # Held in memory but never attended: the KV bytes stay physical, this says how much is dead.
+                config["masked_fraction"] = sum(answer["masked"]) / (sum(kept) * answer["kv_heads"])
             records.append(_record(self, cell, config, result, answer["seconds"]))
         return records
 

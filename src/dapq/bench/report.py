@@ -238,6 +238,12 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
             parts += ["", f"Rows marked (kvpress peer) ran through kvpress {version}'s own pipeline "
                           "(`KVPressTextGenerationPipeline`) on the same token ids, keeping as many context "
                           "tokens per KV head as the budget says."]
+            masking = sorted({r["label"] for r in records if r["taskset"] == taskset
+                              and r["config"].get("masked_fraction")})
+            if masking:
+                parts += ["", f"{', '.join(masking)} evict nothing: kvpress masks the evicted keys per head and "
+                              "keeps the cache at full size. KV kept and KV MiB are the memory held; the "
+                              "attention sees the budget."]
         if any((r.get("compress") or "prompt") == "context" for r in records if r["taskset"] == taskset):
             parts += ["", "compress = context: only the context was compressed; the question was fed after it "
                           "uncompressed. % of FullKV compares with FullKV in the same mode."]

@@ -395,7 +395,8 @@ def _serve_child() -> int:
     Model: ``name`` (None: the embedded model), ``dtype``, ``device``, ``attn``, ``threads``.
     Request: ``press`` (a kvpress class name), ``kwargs`` (its arguments), ``context_ids``,
     ``question_ids``, ``max_new_tokens``. Answer: ``text``, ``kept`` (the cache's length per layer
-    after compression), ``token_bytes`` (a token's keys and values in one layer) and ``seconds``
+    after compression), ``masked`` (per layer, the (head, token) entries a head-wise press masks
+    instead of evicting), ``token_bytes`` (a token's keys and values in one layer) and ``seconds``
     (the pipeline call), or ``error``.
     """
     from importlib.metadata import version
@@ -437,7 +438,12 @@ def _serve_child() -> int:
                 # decoding; it leaves the compressed context in the cache.
                 text = pipe._forward(inputs, max_new_tokens=request["max_new_tokens"], press=press, cache=cache)[0]
             keys = cache.layers[0].keys
+            # Head-wise presses (KVzip, AdaKV, CriticalKV, DuoAttention) evict nothing: they mark keys
+            # in `masked_key_indices`, which kvpress's attention patch overwrites with keys that get
+            # no attention. The cache keeps its size; the masked entries are reported beside it.
+            masked = [getattr(layer.self_attn, "masked_key_indices", None) for layer in model.model.layers]
             answer = {"text": text, "kept": [cache.get_seq_length(i) for i in range(len(cache))],
+                      "masked": [0 if m is None else int(m[0].numel()) for m in masked], "kv_heads": keys.shape[1],
                       "token_bytes": 2 * keys.shape[1] * keys.shape[3] * keys.element_size(),
                       "seconds": time.perf_counter() - start}
         except Exception as exc:  # a press that fails answers with its error; the child serves on
