@@ -26,6 +26,9 @@ endef
 .venv/.installed: pyproject.toml requirements/lock.txt
 	$(call install,.venv,requirements/lock.txt,$(EXTRAS_pinned))
 
+# Reached only through the pattern rule test-tf%, so make would delete it as an intermediate file
+# after each run and rebuild the environment the next time.
+.PRECIOUS: .venv-tf%/.installed
 .venv-tf%/.installed: pyproject.toml requirements/lock-tf%.txt
 	$(call install,.venv-tf$*,requirements/lock-tf$*.txt,$(EXTRAS_range))
 

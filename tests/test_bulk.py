@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,9 +74,15 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
     ('{"id": "z", "prompt": "x", "budget": 0}', "budget must be"),
     ('{"id": "z", "prompt": "x", "budget": 8, "ratio": 0.5}', "not both"),
     ('[1, 2]', "JSON object"),
+    ('{"id": "z", "prompt": "x", "ratio": "0.5"}', "ratio must be a number"),
+    ('{"id": "z", "prompt": "x", "budget": true}', "budget must be an integer"),
+    ('{"id": "z", "prompt": "x", "budget": [8]}', "budget must be an integer"),
+    ('{"id": "z", "prompt": "caf\\u00e9"}', "not UTF-8"),
 ])
 def test_a_bad_request_names_its_line(model_dir, tmp_path, capsys, line, message):
     src = _write(tmp_path / "in.jsonl", [REQUESTS[0], line])
+    if "not UTF-8" in message:  # the same line saved as Latin-1
+        (tmp_path / "in.jsonl").write_bytes(open(src, "rb").read().replace(b"caf\\u00e9", "café".encode("latin-1")))
     out = tmp_path / "out.jsonl"
     code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--input", src, "--output", str(out),
                            "--budget", "8")
@@ -91,6 +98,8 @@ def test_bad_bulk_options(model_dir, tmp_path, capsys):
         (["--input", src, "--output", str(tmp_path / "o"), "--prompt", "x"], "not both"),
         (["--input", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")], "no such file"),
         (["--prompt", "x", "--ray"], "--ray runs bulk generation"),
+        (["--input", src, "--output", str(tmp_path)], "cannot write here"),
+        (["--input", src, "--output", str(Path(src) / "o.jsonl")], "cannot write here"),
     ]:
         code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", *args)
         assert code == 2 and message in err and err.count("\n") == 1, (args, err)

@@ -79,7 +79,8 @@ def result_fields(result, method: Method) -> dict:
     return record
 
 
-def _method(rec: dict, defaults: MethodDefaults) -> Method:
+def method_of_record(rec: dict, defaults: MethodDefaults) -> Method:
+    """The method of one request: its own ``method``/``budget``/``ratio``, else the command's defaults."""
     from .bench.runner import parse_methods
     from .methods.registry import build_from_options
 
@@ -88,6 +89,11 @@ def _method(rec: dict, defaults: MethodDefaults) -> Method:
     ratio = rec.get("ratio") if own_budget else defaults.ratio
     if budget is not None and ratio is not None:
         raise DapqError("give a budget or a ratio, not both")
+    # JSON gives strings, booleans and lists too; the methods take an int budget and a float ratio.
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise DapqError(f"budget must be an integer, got {budget!r}")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
+        raise DapqError(f"ratio must be a number, got {ratio!r}")
     if "method" not in rec:
         return build_from_options(defaults.method, budget=budget, ratio=ratio, window=defaults.window,
                                    content=defaults.content, preset=defaults.preset)
@@ -120,11 +126,15 @@ def read_requests(path: str | Path, defaults: MethodDefaults) -> list[Request]:
         raise DapqError(f"{path}: no such file")
     requests: list[Request] = []
     seen: dict = {}
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DapqError(f"{where}: not UTF-8 text") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 rec = json.loads(line)
             except ValueError as exc:
@@ -146,7 +156,7 @@ def read_requests(path: str | Path, defaults: MethodDefaults) -> list[Request]:
                     prompt, messages = rec["prompt"], None
                 else:
                     prompt, messages = None, _messages(rec["messages"])
-                method = _method(rec, defaults)
+                method = method_of_record(rec, defaults)
             except DapqError as exc:
                 raise DapqError(f"{where}: {exc}") from None
             requests.append(Request(id=rid, line=number, method=method, prompt=prompt, messages=messages))

@@ -12,7 +12,7 @@ mask builder reads the user's *logical* 2-D mask at index ``kv_offset + j = P - 
 physical slot ``j``; that entry is padding exactly when ``j < C - Lp_b``. So a plain
 ``model.generate(..., attention_mask=<the original mask + ones>)`` masks exactly the padded
 slots. Layouts where this does not hold (per-layer budgets with padding, or ratio budgets in a
-batch) are flagged ``canonical = False``; :func:`dapq.generation.generate` then supplies
+batch) are flagged ``canonical = False``; :class:`dapq.decoding.DecodeStepper` then supplies
 per-layer masks itself.
 """
 
@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 from transformers import DynamicCache
-
-from . import compat
 
 
 @dataclass
@@ -100,11 +98,6 @@ class CompressedCache(DynamicCache):
         if tail is None:
             return prompt
         return torch.cat([prompt, tail.to(device=prompt.device, dtype=torch.bool)], dim=1)
-
-    def rollback(self) -> None:
-        """Drop every slot appended after the prompt (questions, answers): back to the compressed prompt."""
-        for layer, layout in zip(self.layers, self.layouts, strict=True):
-            compat.truncate(layer, layout.width)
 
     def select(self, rows: Sequence[int]) -> CompressedCache:
         """A new cache made of the given batch rows (repeats allowed), each with its own slots and padding.

@@ -105,7 +105,7 @@ def generate(
     stop: list[str] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
     device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
-    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, flash_attention_2."),
+    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa, eager, or a flash_attention_* this transformers offers (CUDA)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object with figures (one per question)."),
     use_ray: bool = _RAY,
     ray_address: str = _RAY_ADDRESS,
@@ -331,7 +331,7 @@ def bench_speed(
                                        "config: llama-3-8b, qwen2.5-7b (shipped) or a config.json path."),
     dtype: str = typer.Option(None, "--dtype", help="Default float32 on CPU, bfloat16 on CUDA."),
     device: str = typer.Option(None, "--device"),
-    attn: str = typer.Option("sdpa", "--attn", help="sdpa, eager, or flash_attention_2 (CUDA)."),
+    attn: str = typer.Option("sdpa", "--attn", help="sdpa, eager, or a flash_attention_* this transformers offers (CUDA)."),
     memory_limit: float = typer.Option(None, "--memory-limit", help="GiB a CPU cell may use before it is "
                                        "reported OOM unrun (default: 90% of free memory)."),
     out: Path = typer.Option(Path("runs/speed"), "--out", help="Output directory (results.jsonl, report.md)."),

@@ -28,7 +28,7 @@ Registered attention implementations           every        :func:`attention_imp
 (``flash_attention_4`` from 5.25, no                        asks the installed release
 ``paged|sdpa`` from 5.23)
 GGUF tokenizer conversion: the saved           5.17 -       :func:`tokenizer_round_trips` checks
-tokenizer loses its ByteLevel decoder                       it; models.py re-converts (see there)
+tokenizer loses its ByteLevel decoder                       it; embedded.py re-converts (see there)
 =============================================  ===========  ======================================
 
 ``CompressedCache`` keeps one meaning in every release: the *logical* length (what positions

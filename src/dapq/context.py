@@ -55,9 +55,10 @@ class ChatSplit:
         separator = "#" * (len(probe) + 16)
         text = tokenizer.apply_chat_template([{"role": "user", "content": probe + separator}],
                                              add_generation_prompt=True, tokenize=False)
-        head, closing = text.split(separator)
-        if not head.endswith(probe):
+        parts = text.split(separator)
+        if len(parts) != 2 or not parts[0].endswith(probe):
             raise DapqError("the chat template does not copy the user message verbatim; use chat=False")
+        head, closing = parts
         return cls(opening=head[: -len(probe)], closing=closing)
 
 
@@ -204,6 +205,8 @@ def ask(model, tokenizer, ctx: CompressedContext, questions: Sequence[str] | str
             rows = list(range(len(q_rows)))
         else:
             raise DapqError(f"{len(q_rows)} questions for {ctx.n_contexts} contexts: say which context each asks (rows=)")
+    if max_batch < 1:
+        raise DapqError(f"max_batch must be >= 1, got {max_batch}")
     rows = list(rows)
     if len(rows) != len(q_rows) or any(not 0 <= r < ctx.n_contexts for r in rows):
         raise DapqError(f"rows must give one context index in [0, {ctx.n_contexts}) per question")

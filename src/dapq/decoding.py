@@ -1,9 +1,8 @@
 """Single decode steps over a compressed cache, at the original positions.
 
 The one place that feeds new tokens to a model over a :class:`~dapq.cache.CompressedCache`:
-the decode loop of :mod:`dapq.generation`, the questions of :mod:`dapq.context`, DeferKV's
-lookahead steps in :mod:`dapq.compress` and the analyses' teacher forcing all go through
-:class:`DecodeStepper`. It imports neither of
+the decode loop of :mod:`dapq.generation`, the questions of :mod:`dapq.context` and DeferKV's
+lookahead steps in :mod:`dapq.compress` all go through :class:`DecodeStepper`. It imports neither of
 those modules, which is what keeps them free of an import cycle.
 
 Row ``b`` of a batch generates its t-th new token at RoPE position ``Lp_b + t`` whatever was
@@ -70,9 +69,9 @@ class DecodeStepper:
 
     Row ``b`` continues at position ``Lp_b``: its t-th fed token sits at ``Lp_b + t`` whatever was
     evicted. :meth:`extend` feeds a block of tokens per row (a question, where rows of different
-    lengths are left-padded inside the block), ``step(token)`` one token per row. Used by
+    lengths are left-padded inside the block), calling it with a token per row feeds one step. Used by
     :func:`~dapq.generation.decode`, by context-only compression (:mod:`dapq.context`), by
-    DeferKV's lookahead and by analyses that teacher-force tokens. Use as a context manager: for
+    DeferKV's lookahead and by the tests' teacher forcing. Use as a context manager: for
     non-canonical layouts it installs per-layer masks for its lifetime.
 
     Parameters

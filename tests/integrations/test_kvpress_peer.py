@@ -36,8 +36,10 @@ def test_budget_maps_to_the_compression_ratio_that_keeps_it():
         for kept in (1, 8, n // 2, n - 1):
             assert compute_n_kept(n, kvpress_peer.compression_ratio(kept, n)) == kept
     assert kvpress_peer.kept_tokens(100, None, 0.25) == 25 and kvpress_peer.kept_tokens(101, None, 0.25) == 26
+    for kept in (100, 150):  # a budget above the context keeps all of it, as dapq's methods do
+        assert compute_n_kept(100, kvpress_peer.compression_ratio(kept, 100)) == 100
     with pytest.raises(DapqError):
-        kvpress_peer.compression_ratio(100, 100)
+        kvpress_peer.compression_ratio(0, 100)
 
 
 @pytest.mark.parametrize(("spec", "needle"), [

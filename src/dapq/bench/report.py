@@ -234,7 +234,8 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
         header, rows = table(records, taskset)
         parts += ["", f"## {taskset}", "", markdown(header, rows)]
         if any(r.get("peer") for r in records if r["taskset"] == taskset):
-            version = next((r["config"].get("kvpress_version") for r in records if r.get("peer")), "?")
+            version = next((r["config"].get("kvpress_version") for r in records
+                            if r.get("peer") and r["taskset"] == taskset), "?")
             parts += ["", f"Rows marked (kvpress peer) ran through kvpress {version}'s own pipeline "
                           "(`KVPressTextGenerationPipeline`) on the same token ids, keeping as many context "
                           "tokens per KV head as the budget says."]

@@ -14,7 +14,7 @@ written to the same resumable :class:`~dapq.bench.store.ResultsStore` as the acc
     phase's (cache + activations), not the prefill's.
 ``e2e``
     One prompt end to end at batch 1 (prefill + compress + ``T`` new tokens), the figure the
-    kvpress peer row (:mod:`dapq.bench.peers`) is compared with.
+    kvpress peer row (:mod:`dapq.integrations.kvpress_peer`) is compared with.
 ``peer``
     The same prompt through kvpress's own pipeline, timed in a child process (kvpress patches
     transformers' attention functions at import, which must not leak into dapq's timings).
@@ -324,7 +324,7 @@ def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedC
     """One prompt end to end at batch 1 (prefill + compress, then ``T - 1`` decode steps), in turns.
 
     The first new token comes from the prefill's logits, as in kvpress's pipeline, whose
-    question forward plays that part (:mod:`dapq.bench.peers`).
+    question forward plays that part (:mod:`dapq.integrations.kvpress_peer`).
     """
     device = model.device
     steps = cfg.decode_tokens
@@ -370,7 +370,7 @@ class SpeedRun:
     cfg: SpeedConfig
     model_id: str
     peer: Callable[..., list[dict]] | None = None
-    """``peer(ids, cfg) -> records`` (see :func:`dapq.bench.peers.run_kvpress`); None skips."""
+    """``peer(ids, cfg) -> records`` (see :func:`dapq.integrations.kvpress_peer.run_kvpress`); None skips."""
     session: str = field(default_factory=lambda: time.strftime("%Y%m%dT%H%M%S"))
     clock: Clock = time.perf_counter
     echo: Callable[[str], None] = print

@@ -48,7 +48,11 @@ _HELD: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) -> [fd, holders]
 
 
 def _acquire(lock_path: Path, what: str) -> tuple[int, int]:
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a directory given as the output file, a parent that is a file, no permission
+        raise DapqError(f"{what}: cannot write here ({exc.strerror})") from None
     st = os.fstat(fd)
     ident = (st.st_dev, st.st_ino)
     if ident in _HELD:
@@ -108,7 +112,6 @@ class JsonlLog:
         self._finalizer = None
         if writable and lock_path is not None:
             lock_path = Path(lock_path)
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
             ident = _acquire(lock_path, str(self.path.parent if lock_path.name == LOCKNAME else self.path))
             self._finalizer = weakref.finalize(self, _release, ident)
         try:

@@ -74,8 +74,10 @@ def compression_ratio(n_kept: int, context_len: int) -> float:
     kvpress keeps ``int(n * (1 - compression_ratio))`` tokens; aiming half a token above
     ``n_kept`` makes float rounding land on ``n_kept``.
     """
-    if not 1 <= n_kept < context_len:
-        raise DapqError(f"{n_kept} of {context_len} context tokens: kvpress needs something to evict")
+    if n_kept < 1:
+        raise DapqError(f"{n_kept} of {context_len} context tokens: kvpress must keep something")
+    if n_kept >= context_len:  # a budget above a short context keeps it whole, as dapq's methods do
+        return 0.0
     return 1.0 - (n_kept + 0.5) / context_len
 
 
@@ -183,7 +185,7 @@ def _load(spec: dict):
 
 
 def _timer(model):
-    """Hooks that timestamp each base-model call; returns ``(stamps, remove)``."""
+    """Hooks that timestamp each base-model call; returns ``(stamps, sync, remove)``."""
     import torch
 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)

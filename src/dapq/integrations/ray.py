@@ -317,14 +317,14 @@ class GenerateBatch:
                  answer_prefix: str | None = None, column: str = "prompt", dtype: str = "float32",
                  device: str | None = None, attn_implementation: str = "sdpa", model_spec: ModelSpec | None = None,
                  threads: int | None = None):
-        from ..bulk import MethodDefaults, _method
+        from ..bulk import MethodDefaults, method_of_record
         from ..generation import SamplingConfig
 
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.method = _method({"method": method}, MethodDefaults(budget=budget, ratio=ratio))
+        self.method = method_of_record({"method": method}, MethodDefaults(budget=budget, ratio=ratio))
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens)
         self.chat, self.answer_prefix, self.column = chat, answer_prefix, column
         spec = model_spec or ModelSpec(model, dtype=dtype, device=device, attn_implementation=attn_implementation)
@@ -335,6 +335,8 @@ class GenerateBatch:
         from ..generation import generate
 
         rows = list(batch[self.column])
+        if not rows:  # Ray Data may hand over an empty block
+            return batch
         as_messages = self.column == "messages"
         requests = [Request(id=i, line=i + 1, method=self.method,
                             prompt=None if as_messages else str(r),

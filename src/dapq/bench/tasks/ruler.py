@@ -74,11 +74,6 @@ NIAH_TASKS = {
 }
 OTHER_TASKS = ("vt", "cwe", "fwe")
 TASKS = (*NIAH_TASKS, *OTHER_TASKS)
-DISPLAY = {
-    "niah_single_1": "S-NIAH-1", "niah_single_2": "S-NIAH-2", "niah_single_3": "S-NIAH-3",
-    "niah_multikey_1": "MK-NIAH-1", "niah_multikey_2": "MK-NIAH-2", "niah_multikey_3": "MK-NIAH-3",
-    "niah_multiquery": "MQ-NIAH", "niah_multivalue": "MV-NIAH", "vt": "VT", "cwe": "CWE", "fwe": "FWE",
-}
 
 
 def _key(rng: random.Random, kind: str) -> str:
