@@ -305,3 +305,17 @@ def test_any_kvpress_press_as_a_speed_peer_with_its_prefill_cost(tmp_path, token
 
     with pytest.raises(DapqError, match="no kvpress peer"):
         speed_press("tova")
+
+
+def test_kvpress_press_scoring_after_the_prefill_counts_as_compression(tmp_path, tokenizer):
+    """KVzip replays the context in extra model passes after the prefill: its cost, not decoding."""
+    import_kvpress()
+    path = save_tiny(tmp_path / "m", tokenizer)
+    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
+            "threads": 1, "budget": 8, "presses": ["kvpress:KVzipPress", "none"], "decode_tokens": 3,
+            "repeats": 1, "warmup": 0, "ids": random_prompt(40)}
+    rows = {r["label"]: r for r in run_kvpress(spec, timeout=300)}
+    for row in rows.values():
+        run = row["runs"][0]
+        assert len(run["decode_steps_s"]) == 2, row  # T-1 steps after the question, whatever ran before it
+        assert run["prefill_s"] < run["first_token_s"] < run["e2e_s"]

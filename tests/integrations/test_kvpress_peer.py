@@ -101,4 +101,4 @@ def test_headwise_press_reports_its_masked_keys(tmp_path):
     assert snapkv["kv_bytes_kept"] < snapkv["kv_bytes_full"] and "masked_fraction" not in snapkv["config"]
     # kvpress masks int(numel * compression_ratio) entries over all layers and heads.
     assert kvzip["config"]["masked_fraction"] == pytest.approx(kvzip["config"]["compression_ratio"], abs=1e-3)
-    assert "kvpress:KVzipPress evict nothing" in render(tmp_path / "sweep", plots=False)
+    assert "kvpress:KVzipPress: kvpress masks the evicted keys" in render(tmp_path / "sweep", plots=False)

@@ -242,9 +242,9 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
             masking = sorted({r["label"] for r in records if r["taskset"] == taskset
                               and r["config"].get("masked_fraction")})
             if masking:
-                parts += ["", f"{', '.join(masking)} evict nothing: kvpress masks the evicted keys per head and "
-                              "keeps the cache at full size. KV kept and KV MiB are the memory held; the "
-                              "attention sees the budget."]
+                parts += ["", f"{', '.join(masking)}: kvpress masks the evicted keys per head instead of "
+                              "removing them, so the cache keeps its full size. KV kept and KV MiB are the "
+                              "memory held; the attention sees the budget."]
         if any((r.get("compress") or "prompt") == "context" for r in records if r["taskset"] == taskset):
             parts += ["", "compress = context: only the context was compressed; the question was fed after it "
                           "uncompressed. % of FullKV compares with FullKV in the same mode."]

@@ -185,40 +185,64 @@ def _load(spec: dict):
 
 
 def _timer(model):
-    """Hooks that timestamp each base-model call; returns ``(stamps, sync, remove)``."""
+    """Hooks that time each outermost base-model call; returns ``(calls, sync, remove)``.
+
+    ``calls`` collects ``(start, end, tokens)`` per call, ``tokens`` being the call's input length.
+    The length tells the pipeline's calls apart: the context prefill, then any scoring passes a
+    press runs after it (KVzip replays the context in chunks), then the question and the 1-token
+    decoding steps.
+    """
     import torch
 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    stamps: list[float] = []
+    calls: list[tuple[float, float, int]] = []
+    depth, opened = [0], [0.0, 0]
 
-    def stamp(*_):
-        sync()
-        stamps.append(time.perf_counter())
+    def before(_module, args, kwargs):
+        depth[0] += 1
+        if depth[0] == 1:
+            x = kwargs.get("input_ids", args[0] if args else None)
+            x = x if x is not None else kwargs["inputs_embeds"][..., 0]
+            sync()
+            opened[:] = [time.perf_counter(), int(x.shape[-1])]
+
+    def after(*_):
+        depth[0] -= 1
+        if depth[0] == 0:
+            sync()
+            calls.append((opened[0], time.perf_counter(), opened[1]))
 
     base = model.get_decoder()
-    hooks = [base.register_forward_pre_hook(stamp), base.register_forward_hook(stamp)]
-    return stamps, sync, lambda: [h.remove() for h in hooks]
+    hooks = [base.register_forward_pre_hook(before, with_kwargs=True), base.register_forward_hook(after)]
+    return calls, sync, lambda: [h.remove() for h in hooks]
 
 
-def _time_once(pipe, press, ids, steps: int, stamps: list[float], sync) -> dict:
-    """One pipeline call: context = ``ids[:-1]`` under ``press``, question = the last token, ``steps`` tokens."""
+def _time_once(pipe, press, ids, steps: int, calls: list, sync) -> dict:
+    """One pipeline call: context = ``ids[:-1]`` under ``press``, question = the last token, ``steps`` tokens.
+
+    ``prefill_s`` runs from the call to the start of the question's forward: the context prefill
+    with the press's scoring and eviction, wherever the press does them (in the prefill's hooks,
+    or in passes of its own after it, as KVzip).
+    """
     import torch
 
     model = pipe.model
     context = torch.tensor([ids[:-1]], device=model.device)
     question = torch.tensor([ids[-1:]], device=model.device)
-    stamps.clear()
+    calls.clear()
     sync()
     start = time.perf_counter()
     with torch.no_grad():
         pipe._forward({"context_ids": context, "questions_ids": [question]}, max_new_tokens=steps, press=press)
     sync()
     total = time.perf_counter() - start
-    calls = [(stamps[j], stamps[j + 1]) for j in range(0, len(stamps) - 1, 2)]
+    # The question's forward is the first 1-token call after the context's (scoring passes replay
+    # the context in chunks far longer than one token).
+    q = next(i for i in range(1, len(calls)) if calls[i][2] == question.shape[-1])
     # A decode step runs from one base-model call to the next: the forward, the LM head and the
     # argmax, as in dapq's decode cells; the last one ends with the pipeline call.
-    starts = [a for a, _ in calls[2:]] + [start + total]
-    return {"e2e_s": total, "prefill_s": calls[0][1] - calls[0][0], "first_token_s": calls[1][1] - start,
+    starts = [a for a, _, _ in calls[q + 1:]] + [start + total]
+    return {"e2e_s": total, "prefill_s": calls[q][0] - start, "first_token_s": calls[q][1] - start,
             "decode_steps_s": [b - a for a, b in zip(starts, starts[1:], strict=False)]}
 
 
@@ -252,14 +276,14 @@ def _speed_child() -> int:
         press = None if cls is None else getattr(kvpress, cls)(**kwargs)
         rows.append(({"label": f"kvpress-{name}", "press": cls, "press_kwargs": kwargs,
                       "kvpress_version": version("kvpress"), "runs": []}, press))
-    stamps, sync, remove = _timer(model)
+    calls, sync, remove = _timer(model)
     try:
         # Presses in turns (A, B, C, then B, C, A, ...), as dapq's TTFT cells are timed: drift of
         # this machine hits every press alike, and ratios are taken round by round.
         for i in range(spec["warmup"] + spec["repeats"]):
             for j in range(len(rows)):
                 row, press = rows[(i + j) % len(rows)]
-                run = _time_once(pipe, press, ids, spec["decode_tokens"], stamps, sync)
+                run = _time_once(pipe, press, ids, spec["decode_tokens"], calls, sync)
                 if i >= spec["warmup"]:
                     row["runs"].append(run)
     finally:
@@ -267,7 +291,6 @@ def _speed_child() -> int:
     for row, _ in rows:
         print(json.dumps(row), flush=True)
     return 0
-
 
 
 # --------------------------------------------------------------------------- accuracy cells
