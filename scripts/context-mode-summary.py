@@ -16,16 +16,9 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
+from dapq.bench.metrics import digit_prefix_share
 from dapq.bench.report import markdown
 from dapq.bench.store import ResultsStore
-
-
-def prefix_share(prediction: str, reference: str) -> float:
-    digits = "".join(ch for ch in prediction if ch.isdigit())
-    n = 0
-    while n < min(len(digits), len(reference)) and digits[n] == reference[n]:
-        n += 1
-    return n / len(reference)
 
 
 def _size(r: dict) -> tuple[float, str]:
@@ -44,7 +37,7 @@ def summarize(path: str) -> str:
     niah = any(r["metric"] == "exact_number" for cells in rows.values() for r in cells.values())
 
     def mean(cells: dict[str, dict], ids: set[str], partial: bool = False) -> float:
-        values = [prefix_share(cells[i]["prediction"], cells[i]["references"][0]) if partial else cells[i]["score"]
+        values = [digit_prefix_share(cells[i]["prediction"], cells[i]["references"]) if partial else cells[i]["score"]
                   for i in ids]
         return 100 * sum(values) / len(values)
 

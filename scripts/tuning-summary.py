@@ -16,16 +16,9 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
+from dapq.bench.metrics import digit_prefix_share
 from dapq.bench.report import markdown
 from dapq.bench.store import ResultsStore
-
-
-def prefix_share(prediction: str, reference: str) -> float:
-    digits = "".join(ch for ch in prediction if ch.isdigit())
-    n = 0
-    while n < min(len(digits), len(reference)) and digits[n] == reference[n]:
-        n += 1
-    return n / len(reference)
 
 
 def main(argv: list[str]) -> None:
@@ -38,7 +31,7 @@ def main(argv: list[str]) -> None:
             col = (r["taskset"], r["meta"].get("length"), r["budget"])
             cells[r["label"]][col][r["task"]].append(r["score"])
             if r["metric"] == "exact_number":
-                cells[r["label"]][("niah~", *col[1:])][r["task"]].append(prefix_share(r["prediction"], r["references"][0]))
+                cells[r["label"]][("niah~", *col[1:])][r["task"]].append(digit_prefix_share(r["prediction"], r["references"]))
     full = cells.pop("full", {})
     columns = sorted({c for row in cells.values() for c in row}, key=lambda c: (c[0], c[1] or 0, c[2] or 0))
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -107,3 +112,21 @@ def save_tiny(path, tokenizer, **overrides) -> str:
     tiny_model("llama", **overrides).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(setup: str, path):
+    """A second Python process runs ``setup`` (which takes a lock on ``sys.argv[1]``) and holds it.
+
+    On exit the process is killed with SIGKILL, as a crashed run would be: the kernel drops its lock.
+    """
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys, time\n{setup}\nprint('locked', flush=True)\ntime.sleep(120)", str(path)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()

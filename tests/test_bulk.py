@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,7 @@ import pytest
 from dapq.bulk import GenerationLog
 
 from conftest import TOKENIZER
-from helpers import run_cli, save_tiny
+from helpers import lock_held_by_another_process, run_cli, save_tiny
 
 REQUESTS = [
     {"id": "a", "prompt": "The grass is green. The sky is blue. What color is the sky?"},
@@ -112,20 +109,11 @@ def test_bad_bulk_options(model_dir, tmp_path, capsys):
 def test_the_output_is_locked_against_a_second_writer(model_dir, tmp_path, capsys):
     src = _write(tmp_path / "in.jsonl", REQUESTS[:1])
     out = tmp_path / "out.jsonl"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom dapq.bulk import GenerationLog\n"
-         "log = GenerationLog(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(120)", str(out)],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with lock_held_by_another_process("from dapq.bulk import GenerationLog\nlog = GenerationLog(sys.argv[1])", out):
         code, _, err = run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src,
                                "--output", str(out))
         assert code == 2 and "another dapq process is writing" in err and err.count("\n") == 1
         assert out.read_text() == ""
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
     assert run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src, "--output",
                    str(out), "--max-new-tokens", "4")[0] == 0
     assert [r["id"] for r in GenerationLog(out, writable=False)] == ["a"]

@@ -62,6 +62,15 @@ def test_metrics_are_registered_by_name():
         assert callable(METRICS[name])
 
 
+def test_digit_prefix_share_counts_the_needle_digits_from_the_first():
+    from dapq.bench.metrics import digit_prefix_share
+
+    assert digit_prefix_share(" 4336.", ["4336396"]) == pytest.approx(4 / 7)
+    assert digit_prefix_share(" 1,334,851.", ["1334851"]) == 1.0
+    assert digit_prefix_share(" 339208.", ["3369208"]) == pytest.approx(2 / 7)  # stops at the first wrong digit
+    assert digit_prefix_share(" 5334851", ["1334851"]) == 0.0
+
+
 # --------------------------------------------------------------------------- LongBench ROUGE-L
 @pytest.mark.parametrize("pred,ref,expected,whitespace_lcs", [
     # The `rouge` package keeps case and counts distinct words, sentence by sentence (split on

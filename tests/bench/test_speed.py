@@ -227,12 +227,17 @@ def test_press_kwargs_keep_exactly_the_budget():
             assert compute_n_kept(n, ratio) == budget
 
 
-def test_kvpress_peer_runs_the_real_pipeline(tmp_path, tokenizer):
+def _peer_spec(tmp_path, tokenizer, **over) -> dict:
+    """A kvpress speed-child spec on a tiny saved model (skips, saying why, without kvpress)."""
     import_kvpress()
-    path = save_tiny(tmp_path / "m", tokenizer)
-    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
-            "threads": 1, "budget": 8, "presses": ["snapkv", "streamingllm"], "decode_tokens": 4,
-            "repeats": 2, "warmup": 1, "ids": random_prompt(40)}
+    spec = {"model": save_tiny(tmp_path / "m", tokenizer), "random_weights": None, "dtype": "float32",
+            "device": "cpu", "attn": "sdpa", "threads": 1, "budget": 8, "decode_tokens": 3, "repeats": 2,
+            "warmup": 0, "ids": random_prompt(40)}
+    return {**spec, **over}
+
+
+def test_kvpress_peer_runs_the_real_pipeline(tmp_path, tokenizer):
+    spec = _peer_spec(tmp_path, tokenizer, presses=["snapkv", "streamingllm"], decode_tokens=4, warmup=1)
     rows = run_kvpress(spec, timeout=300)
     assert [r["label"] for r in rows] == ["kvpress-snapkv", "kvpress-streamingllm"], rows
     for row in rows:
@@ -289,11 +294,7 @@ def test_random_weights_from_a_config_file(tmp_path):
 
 
 def test_any_kvpress_press_as_a_speed_peer_with_its_prefill_cost(tmp_path, tokenizer):
-    import_kvpress()
-    path = save_tiny(tmp_path / "m", tokenizer)
-    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
-            "threads": 1, "budget": 8, "presses": ["kvpress:TOVAPress", "none"], "decode_tokens": 3,
-            "repeats": 2, "warmup": 0, "ids": random_prompt(40)}
+    spec = _peer_spec(tmp_path, tokenizer, presses=["kvpress:TOVAPress", "none"])
     rows = {r["label"]: r for r in run_kvpress(spec, timeout=300)}
     assert set(rows) == {"kvpress-kvpress:TOVAPress", "kvpress-none"}, rows
     tova, none = rows["kvpress-kvpress:TOVAPress"], rows["kvpress-none"]
@@ -309,11 +310,7 @@ def test_any_kvpress_press_as_a_speed_peer_with_its_prefill_cost(tmp_path, token
 
 def test_kvpress_press_scoring_after_the_prefill_counts_as_compression(tmp_path, tokenizer):
     """KVzip replays the context in extra model passes after the prefill: its cost, not decoding."""
-    import_kvpress()
-    path = save_tiny(tmp_path / "m", tokenizer)
-    spec = {"model": path, "random_weights": None, "dtype": "float32", "device": "cpu", "attn": "sdpa",
-            "threads": 1, "budget": 8, "presses": ["kvpress:KVzipPress", "none"], "decode_tokens": 3,
-            "repeats": 1, "warmup": 0, "ids": random_prompt(40)}
+    spec = _peer_spec(tmp_path, tokenizer, presses=["kvpress:KVzipPress", "none"], repeats=1)
     rows = {r["label"]: r for r in run_kvpress(spec, timeout=300)}
     for row in rows.values():
         run = row["runs"][0]
