@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from dapq.compat import attention_implementations
+from dapq.errors import DapqError
 
 from helpers import run_cli, save_tiny
 
@@ -97,6 +100,7 @@ def test_context_mode_bad_input(capsys, model_dir, tmp_path):
     (["--method", "snapkv"], "--budget or --ratio"),
     (["--budget", "8", "--preset", "nope"], "no preset"),
     (["--no-such-flag"], "no-such-flag"),
+    (["--budget", "8", "--workers", "2"], "run bulk generation"),  # not silently ignored
 ])
 def test_bad_options(capsys, model_dir, args, needle):
     code, out, err = run(capsys, "generate", "--model", model_dir, "--prompt", "hi", *args)
@@ -119,6 +123,30 @@ def test_bad_device_and_attention(capsys, model_dir, args, needle):
 def test_cuda_without_cuda(capsys, model_dir):
     code, _, err = run(capsys, "generate", "--model", model_dir, "--budget", "8", "--prompt", "hi", "--device", "cuda")
     assert code == 2 and "CUDA is not available" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_flash_attention_needs_a_half_precision_dtype():
+    from dapq.models import check_attention
+
+    flash = attention_implementations()[2:]
+    if not flash:
+        pytest.skip("this transformers registers no flash attention implementation")
+    # transformers itself only warns about fp32 here and fails at the first forward.
+    with pytest.raises(DapqError, match="needs --dtype bfloat16 or float16"):
+        check_attention(flash[0], torch.device("cuda"), torch.float32)
+    check_attention(flash[0], torch.device("cuda"), torch.bfloat16)
+
+
+def test_model_dirs_that_cannot_load_are_one_line(capsys, model_dir, tmp_path):
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    shutil.copy(Path(model_dir) / "config.json", no_weights / "config.json")
+    for path in (unknown, no_weights):
+        code, _, err = run(capsys, "generate", "--model", str(path), "--budget", "8", "--prompt", "hi")
+        assert code == 2 and "cannot load model" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_attention_list_follows_the_installed_transformers():

@@ -85,6 +85,8 @@ def test_answer_refuses_a_question_count_that_does_not_match(llama):
     ctx = compress_context(llama, TOKENIZER, [], "full", context_ids=[CONTEXT, CONTEXT[:30]])
     with pytest.raises(Exception, match="3 questions for 2 contexts"):
         ask(llama, TOKENIZER, ctx, [], question_ids=[QUESTION] * 3)
+    with pytest.raises(Exception, match="a question has no tokens"):  # else answered from a padding slot
+        ask(llama, TOKENIZER, ctx, [], question_ids=[QUESTION, []])
     state = PrefillResult(ctx.state.cache.select([0, 1]), None, ctx.state.batch.select([0, 1]))
     with pytest.raises(Exception, match="1 questions for 2 context rows"):
         answer(llama, TOKENIZER, state, [QUESTION], SamplingConfig(max_new_tokens=2))

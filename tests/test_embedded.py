@@ -83,3 +83,12 @@ def test_workers_starting_together_convert_once(home, monkeypatch):
         paths = list(pool.map(lambda _: embedded.embedded_model_dir(), range(4)))
     assert len(calls) == 1
     assert len(set(paths)) == 1 and embedded.conversion_is_current(paths[0])
+
+
+def test_an_unwritable_home_is_one_error_not_a_traceback(home, monkeypatch):
+    tmp_path, calls = home
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DAPQ_HOME", str(tmp_path / "a-file" / "home"))  # mkdir under a file fails
+    with pytest.raises(embedded.DapqError, match="cannot write the converted embedded model.*set DAPQ_HOME"):
+        embedded.embedded_model_dir()
+    assert calls == []

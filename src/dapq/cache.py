@@ -2,9 +2,11 @@
 
 After eviction, layer ``l`` physically holds ``C_l`` prompt slots (gathered, in original order)
 plus the generated tokens. RoPE positions must stay the original ones: the next token is at
-position Lp, not C_l. transformers derives positions and masks from the cache length, so
-:class:`CompressedCache` reports the *logical* length (physical + evicted) from
-``get_seq_length`` and hands the number of evicted slots to the mask builder as ``kv_offset``.
+position Lp, not C_l. dapq always passes explicit ``position_ids``; what transformers still
+derives from the cache is the mask's query offset (and ``cache_position`` up to 5.3,
+:mod:`dapq.compat`), so :class:`CompressedCache` reports the *logical* length (physical +
+evicted) from ``get_seq_length`` and hands the number of evicted slots to the mask builder as
+``kv_offset``; a plain ``model.generate()`` then continues at the right positions too.
 
 Why that offset gives the right padding mask: with left padding, row ``b`` of a batch of padded
 width P keeps ``min(C, Lp_b)`` real tokens, laid out after ``C - min(C, Lp_b)`` masked slots. The
@@ -56,7 +58,11 @@ class CompressedCache(DynamicCache):
         return 0
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Logical length: positions already consumed, evicted tokens included."""
+        """Logical length: the padded prompt width plus the columns appended since, evicted slots included.
+
+        A batch-wide column count, not row ``b``'s next position (that is ``Lp_b + T``, which dapq
+        passes explicitly).
+        """
         physical = super().get_seq_length(layer_idx)
         return physical + self._offset(layer_idx) if physical else 0
 
@@ -86,7 +92,7 @@ class CompressedCache(DynamicCache):
         expected = (width - self.prompt_lengths).clamp(min=0)
         return all(torch.equal(layout.pad_slots.cpu(), expected.cpu()) for layout in self.layouts)
 
-    def slot_mask(self, layer_idx: int, tail: Tensor | None = None) -> Tensor:
+    def slot_mask(self, layer_idx: int, tail: Tensor) -> Tensor:
         """(B, C_l + T) bool: which physical slots of a layer may be attended to.
 
         ``tail`` (B, T) marks which of the T columns appended after the prompt slots (a question,
@@ -95,8 +101,6 @@ class CompressedCache(DynamicCache):
         layout = self.layouts[layer_idx]
         slots = torch.arange(layout.width, device=layout.pad_slots.device)
         prompt = slots[None, :] >= layout.pad_slots[:, None]
-        if tail is None:
-            return prompt
         return torch.cat([prompt, tail.to(device=prompt.device, dtype=torch.bool)], dim=1)
 
     def select(self, rows: Sequence[int]) -> CompressedCache:

@@ -36,6 +36,8 @@ def _read_text(path: Path, what: str) -> str:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DapqError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:  # unreadable: permissions, I/O
+        raise DapqError(f"{path}: {exc.strerror or exc}") from None
     if not text.strip():
         raise DapqError(f"{path}: the {what} is empty")
     return text
@@ -131,8 +133,9 @@ def generate(
         return _generate_bulk(input_file, output_file, model, method, budget, ratio, window, content, preset, chat,
                               answer_prefix, sampling, batch_size, dtype, device, attn, use_ray, ray_address,
                               workers, gpus_per_worker)
-    if use_ray or ray_address is not None:
-        raise ConfigError("--ray runs bulk generation (--input/--output); one prompt runs here")
+    if use_ray or ray_address is not None or workers != 1 or gpus_per_worker is not None:
+        raise ConfigError("--ray, --workers and --gpus-per-worker run bulk generation (--input/--output); "
+                          "one prompt runs here")
     from .methods.registry import build_from_options
 
     chosen = build_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
@@ -536,7 +539,8 @@ def main(argv: list[str] | None = None) -> None:
         # `dapq bench speed` has its own options; typer cannot mix them into the task-set command.
         argv = ["bench-speed", *argv[2:]]
     # typer has no option with an optional value: `--ray` is a flag, `--ray=ADDRESS` is --ray-address.
-    argv = ["--ray-address=" + a[len("--ray="):] if a.startswith("--ray=") else a for a in argv]
+    if argv[:1] in (["bench"], ["generate"]):  # the commands that have --ray-address
+        argv = ["--ray-address=" + a[len("--ray="):] if a.startswith("--ray=") else a for a in argv]
     try:
         app(args=argv, standalone_mode=False)
     except typer.Exit as exc:

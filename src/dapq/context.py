@@ -198,6 +198,8 @@ def ask(model, tokenizer, ctx: CompressedContext, questions: Sequence[str] | str
               [encode_question(tokenizer, q, chat=ctx.chat, answer_prefix=answer_prefix) for q in questions])
     if not q_rows:
         raise DapqError("give at least one question")
+    if any(not q for q in q_rows):
+        raise DapqError("a question has no tokens: each one is fed after the context and needs at least one")
     if rows is None:
         if ctx.n_contexts == 1:
             rows = [0] * len(q_rows)

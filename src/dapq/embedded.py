@@ -65,6 +65,14 @@ def embedded_model_dir() -> Path:
     if conversion_is_current(target):
         return target
     gguf_dir = _gguf_dir()
+    try:
+        return _convert_once(gguf_dir, target)
+    except OSError as exc:  # an unwritable $DAPQ_HOME, a full disk
+        raise DapqError(f"{target.parent}: cannot write the converted embedded model "
+                        f"({exc.strerror or exc}); set DAPQ_HOME to a writable directory") from None
+
+
+def _convert_once(gguf_dir: Path, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Workers that start together (Ray actors on one node, `pytest -n`) would each convert and then
     # remove the directory another one is loading: the first converts, the others wait and reuse.

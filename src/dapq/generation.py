@@ -78,7 +78,8 @@ class GenerationResult:
     question_tokens: int = 0
     """Context-only compression: tokens of the question fed after the compressed context."""
     question_s: float = 0.0
-    """Seconds of the question's forward over the compressed context."""
+    """Seconds of the question block's forward over the compressed context: one batched forward,
+    so every row of a batch reports the same time (as ``decode_s``)."""
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

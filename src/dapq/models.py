@@ -105,8 +105,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def check_attention(attn_implementation: str, device: torch.device) -> None:
-    """Reject an attention implementation this transformers release or this device cannot run."""
+def check_attention(attn_implementation: str, device: torch.device, dtype: torch.dtype | None = None) -> None:
+    """Reject an attention implementation this transformers release, this device or this dtype cannot run."""
     from .compat import attention_implementations
 
     valid = attention_implementations()
@@ -117,6 +117,9 @@ def check_attention(attn_implementation: str, device: torch.device) -> None:
                         f"{transformers.__version__} offers {', '.join(valid)}")
     if attn_implementation.startswith("flash_attention") and device.type != "cuda":
         raise DapqError(f"attention {attn_implementation!r} needs a CUDA device (this run is on {device.type})")
+    # transformers only warns about fp32 with FlashAttention and then fails at the first forward.
+    if attn_implementation.startswith("flash_attention") and dtype not in (None, torch.float16, torch.bfloat16):
+        raise DapqError(f"attention {attn_implementation!r} needs --dtype bfloat16 or float16, not {dtype}")
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -134,8 +137,8 @@ def supported_config(name: str | None):
     path = resolve_model_path(name)
     try:
         config = AutoConfig.from_pretrained(path)
-    except OSError as exc:
-        raise DapqError(f"cannot load model {name!r}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError, KeyError) as exc:  # no config, or a model_type transformers does not know
+        raise DapqError(f"cannot load model {name!r}: {(str(exc).splitlines() or [repr(exc)])[0]}") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
             f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -168,14 +171,16 @@ def load_model(
 
     dtype = _dtype(dtype)
     dev = resolve_device(device)
-    check_attention(attn_implementation, dev)
+    check_attention(attn_implementation, dev, dtype)
     path, _ = supported_config(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except ImportError as exc:  # a flash-attention implementation whose package is missing
         raise DapqError(f"attention {attn_implementation!r}: {str(exc).splitlines()[0]}") from None
+    except (OSError, ValueError) as exc:  # no weights or no tokenizer there, or a GPU the kernel does not support
+        raise DapqError(f"cannot load model {name!r}: {(str(exc).splitlines() or [repr(exc)])[0]}") from None
     model.to(dev).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
 
@@ -281,7 +286,7 @@ def random_model(
 
     dtype = _dtype(dtype)
     dev = resolve_device(device)
-    check_attention(attn_implementation, dev)
+    check_attention(attn_implementation, dev, dtype)
     config = random_model_config(source)
     torch.manual_seed(seed)
     with torch.device(dev):

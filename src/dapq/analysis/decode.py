@@ -99,14 +99,15 @@ def trace_decode(model, prompt_ids: list[int], steps: int, cache: DynamicCache |
 
 
 @torch.no_grad()
-def queries_at(model, cache: DynamicCache, token_ids: list[int], positions: list[int]) -> tuple[Tensor, Tensor]:
+def queries_at(model, cache: DynamicCache, lp: int, token_ids: list[int], positions: list[int]) -> tuple[Tensor, Tensor]:
     """(pre-RoPE, post-RoPE) queries (L, Hq, n, d) of ``token_ids`` placed after the cached prompt.
 
-    The tokens are appended physically after the prompt with the given RoPE positions (the way
-    DapQ's pseudo tokens are), then the cache is cropped back, so one prompt prefill serves many
-    conditions at the cost of an n-token forward each.
+    The tokens are appended physically after the ``lp`` prompt tokens of a full (uncompressed)
+    cache with the given RoPE positions (the way DapQ's pseudo tokens are), then the cache is
+    cropped back to ``lp``, so one prompt prefill serves many conditions at the cost of an n-token
+    forward each. ``lp`` is explicit: a cache's reported length is not its physical width (a
+    ``CompressedCache`` reports the logical one).
     """
-    lp = cache.get_seq_length()
     n = len(token_ids)
     with _QueryRecorder(model, n) as rec:
         compat.forward(model, torch.tensor([token_ids], device=model.device), cache=cache, first_column=lp,

@@ -38,7 +38,7 @@ def similarity_trial(model, cache, trace: DecodeTrace, *, n: int, seed: int) -> 
     out = {}
     for name, tokens, positions in (("SC&SP", real_tokens, same_pos), ("DC&SP", other_tokens, same_pos),
                                     ("SC&DP", real_tokens, other_pos), ("DC&DP", other_tokens, other_pos)):
-        pre, post = queries_at(model, cache, tokens, positions)
+        pre, post = queries_at(model, cache, lp, tokens, positions)
         out[name] = {"pre": _per_layer(pre, trace.queries_pre[:, :, :n]),
                      "post": _per_layer(post, trace.queries_post[:, :, :n])}
     return out
@@ -52,6 +52,6 @@ def offset_curve(model, cache, trace: DecodeTrace, *, n: int, offsets: list[int]
         start = lp + off
         if start < 0:
             continue
-        _, post = queries_at(model, cache, trace.tokens[:n], list(range(start, start + n)))
+        _, post = queries_at(model, cache, lp, trace.tokens[:n], list(range(start, start + n)))
         curve[off] = float(cosine(post, trace.queries_post[:, :, :n]).mean())
     return curve

@@ -93,6 +93,8 @@ class DapQPress(BasePress):
 
         def append_pseudo_tokens(module, args, kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
+            # kvpress calls the base model itself, with `past_key_values` (it needs transformers < 5.3,
+            # before attention layers took `cache=`); `cache` is read too in case a later kvpress passes it.
             cache = kwargs.get("past_key_values", kwargs.get("cache"))
             if self.compression_ratio == 0 or ids is None or (cache is not None and cache.get_seq_length() > 0):
                 return args, kwargs  # only the context's prefill carries pseudo tokens
