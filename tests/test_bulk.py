@@ -94,7 +94,7 @@ def test_bad_bulk_options(model_dir, tmp_path, capsys):
         (["--input", src, "--output", src], "must not be the --input"),
         (["--input", src, "--output", str(tmp_path / "o"), "--prompt", "x"], "not both"),
         (["--input", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o")], "no such file"),
-        (["--prompt", "x", "--ray"], "--ray runs bulk generation"),
+        (["--prompt", "x", "--ray"], "--gpus-per-worker run bulk generation"),
         (["--input", src, "--output", str(tmp_path)], "cannot write here"),
         (["--input", src, "--output", str(Path(src) / "o.jsonl")], "cannot write here"),
     ]:

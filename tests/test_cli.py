@@ -195,6 +195,8 @@ def test_missing_model_dir(capsys):
     (["niah", "--compress", "question"], "--compress must be one of prompt, context"),
     (["niah", "--ratios", "0.5,1.5"], "ratios must lie in (0, 1)"),
     (["niah", "--methods", "full,kvpress:"], "cannot parse method"),
+    (["niah", "--methods", "snapkv(window=x)"], "bad parameter"),
+    (["niah", "--lengths", "200", "--depths", "0.001,0.004"], "two samples share the id"),
     (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
     (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
     (["niah", "--samples", "0"], "--samples must be >= 1"),

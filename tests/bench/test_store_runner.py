@@ -51,6 +51,16 @@ def test_store_refuses_foreign_and_corrupt_files(tmp_path):
         ResultsStore(corrupt)
 
 
+@pytest.mark.parametrize("content", [b"", b'{"format": "dapq-re'])
+def test_a_run_killed_before_its_first_record_leaves_a_usable_directory(tmp_path, content):
+    (tmp_path / "results.jsonl").write_bytes(content)  # created, then killed in the header
+    assert len(ResultsStore(tmp_path, writable=False)) == 0
+    with ResultsStore(tmp_path) as store:
+        assert len(store) == 0
+        store.append({"key": "a"})
+    assert [r["key"] for r in ResultsStore(tmp_path)] == ["a"]
+
+
 def test_the_lock_refuses_a_second_writer_and_dies_with_its_holder(tmp_path, capsys):
     out = tmp_path / "sweep"
     out.mkdir()

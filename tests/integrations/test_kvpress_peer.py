@@ -30,6 +30,18 @@ def test_missing_kvpress_says_how_to_get_it(monkeypatch):
         kvpress_peer.kvpress_python()
 
 
+def test_an_interpreter_that_cannot_run_is_one_error(monkeypatch, tmp_path):
+    not_a_program = tmp_path / "python"
+    not_a_program.write_text("not an executable")
+    monkeypatch.setenv(kvpress_peer.PYTHON_ENV, str(not_a_program))
+    with pytest.raises(DapqError, match="not an executable file"):
+        parse_methods("full,kvpress:SnapKVPress")
+    not_a_program.chmod(0o755)  # executable, but no interpreter: exec fails with ENOEXEC
+    with pytest.raises(DapqError, match="did not start"):
+        parse_methods("full,kvpress:SnapKVPress")
+    assert "did not start" in kvpress_peer.run_kvpress({})[0]["error"]
+
+
 def test_budget_maps_to_the_compression_ratio_that_keeps_it():
     compute_n_kept = import_kvpress().utils.compute_n_kept  # kvpress's own rule
     for n in (37, 100, 4095):

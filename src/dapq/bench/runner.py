@@ -45,9 +45,12 @@ class MethodSpec:
         if self.peer:
             raise ConfigError(f"{self.label} is a kvpress press, not a dapq method")
         params = dict(self.params)
-        if self.name == "full":
-            return build(self.name, **params)
-        return build(self.name, budget=budget, ratio=ratio, **params)
+        try:
+            if self.name == "full":
+                return build(self.name, **params)
+            return build(self.name, budget=budget, ratio=ratio, **params)
+        except (TypeError, ValueError) as exc:  # a parameter of the wrong type, e.g. window='x'
+            raise ConfigError(f"{self.label}: bad parameter ({exc})") from None
 
     def config(self, budget: int | None = None, ratio: float | None = None) -> dict:
         """What determines this cell's result, as recorded (and hashed into its key)."""
@@ -228,6 +231,9 @@ def work_units(
         raise ConfigError(f"--compress must be one of {', '.join(COMPRESS_MODES)}, got {compress!r}")
     encoded = {}
     for s in samples:
+        if s.sample_id in encoded:  # units are grouped by id: two samples would share one unit's references
+            raise DapqError(f"two samples share the id {s.sample_id!r} (NIAH ids round depths to 0.01; "
+                            "a data file may repeat an id)")
         ids, question = encode_sample(tokenizer, s, compress)
         total = len(ids) + len(question or ())
         if max_context is not None and total + s.max_new_tokens + 64 > max_context:

@@ -134,6 +134,13 @@ class JsonlLog:
 
     def _load(self) -> None:
         raw = self.path.read_bytes()
+        if self.header is not None and (json.dumps(self.header) + "\n").encode().startswith(raw):
+            # Empty, or a header cut short: a run killed before its first record was durable. It
+            # holds nothing; the next append writes the header again.
+            if raw and self.writable:
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(0)
+            return
         *body, tail = raw.split(b"\n")  # a complete file ends with a newline: tail == b""
         first = 1
         if self.header is not None:

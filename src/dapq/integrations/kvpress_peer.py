@@ -58,8 +58,8 @@ def kvpress_python() -> str:
     """The interpreter that runs kvpress: ``$DAPQ_KVPRESS_PYTHON``, or this one if it has kvpress."""
     explicit = os.environ.get(PYTHON_ENV)
     if explicit:
-        if not os.path.isfile(explicit):
-            raise DapqError(f"${PYTHON_ENV}={explicit}: no such interpreter")
+        if not os.path.isfile(explicit) or not os.access(explicit, os.X_OK):
+            raise DapqError(f"${PYTHON_ENV}={explicit}: no such interpreter (not an executable file)")
         return explicit
     if importlib.util.find_spec("kvpress") is not None:
         return sys.executable
@@ -134,6 +134,8 @@ def run_kvpress(spec: dict, *, timeout: float = 3600) -> list[dict]:
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return [{"label": "kvpress", "error": f"timed out after {timeout:.0f} s"}]
+    except OSError as exc:  # the interpreter does not run (wrong format, permissions)
+        return [{"label": "kvpress", "error": f"{python} did not start: {exc.strerror or exc}"}]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     baseline = next((r.get("runs") for r in rows if r.get("label") == f"kvpress-{NO_PRESS}"), None)
     for row in rows:
@@ -300,8 +302,11 @@ def check_presses(presses: list[tuple[str, dict]]) -> None:
     Asks the kvpress interpreter (a second or two: it imports kvpress) before any model loads.
     """
     python = kvpress_python()
-    proc = subprocess.run([python, "-m", "dapq.integrations.kvpress_peer", "check"], input=json.dumps(presses),
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([python, "-m", "dapq.integrations.kvpress_peer", "check"],
+                              input=json.dumps(presses), capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DapqError(f"kvpress ({python}) did not start: {getattr(exc, 'strerror', None) or exc}") from None
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -335,7 +340,6 @@ def _check_child() -> int:
     return 0
 
 
-
 class KvpressSession:
     """A child process that holds one model and answers kvpress requests, one JSON line each.
 
@@ -346,16 +350,23 @@ class KvpressSession:
         self.python = python
         # stderr is drained by a thread (a full pipe would block the child); its last lines
         # explain a child that died.
-        self.proc = subprocess.Popen([python, "-m", "dapq.integrations.kvpress_peer", "serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, bufsize=1)
+        try:
+            self.proc = subprocess.Popen([python, "-m", "dapq.integrations.kvpress_peer", "serve"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, bufsize=1)
+        except OSError as exc:
+            raise DapqError(f"kvpress peer ({python}) did not start: {exc.strerror or exc}") from None
         self._errors: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         self._lock = threading.Lock()
-        ready = self._call(model)
-        if "error" in ready:
+        try:
+            ready = self._call(model)
+            if "error" in ready:
+                raise DapqError(f"kvpress peer: {ready['error']}")
+        except BaseException:
             self.close()
-            raise DapqError(f"kvpress peer: {ready['error']}")
+            raise
         self.kvpress_version = ready["kvpress"]
 
     def _drain(self) -> None:
@@ -371,9 +382,18 @@ class KvpressSession:
             except (BrokenPipeError, OSError):
                 line = ""
         if not line:
+            # The child is gone: let the drain thread read its last stderr lines, which say why.
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._drainer.join(timeout=1)
             last = next((e for e in reversed(self._errors) if e.strip()), "no output")
             raise DapqError(f"kvpress peer ({self.python}) stopped: {last[:300]}")
-        return json.loads(line)
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise DapqError(f"kvpress peer ({self.python}) answered out of protocol: {line[:200]!r}") from None
 
     def generate(self, request: dict) -> dict:
         """Run one request (see :func:`_serve_child`); a press error is raised as a DapqError."""
@@ -389,6 +409,12 @@ class KvpressSession:
                 self.proc.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
+                self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
 
 _SESSIONS: dict[tuple, KvpressSession] = {}
@@ -426,6 +452,11 @@ def _serve_child() -> int:
     """
     from importlib.metadata import version
 
+    # The answers travel on a private copy of stdout; file descriptor 1 then points at stderr, so
+    # whatever a library prints (kvpress's FastKVzipPress prints to stdout) cannot break the protocol.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     model_line = sys.stdin.readline()
     try:
         import kvpress
@@ -444,9 +475,9 @@ def _serve_child() -> int:
         pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     except Exception as exc:  # anything that stops the child from serving is reported, then it exits
         print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}),
-              flush=True)
+              file=proto)
         return 3
-    print(json.dumps({"ready": True, "kvpress": version("kvpress")}), flush=True)
+    print(json.dumps({"ready": True, "kvpress": version("kvpress")}), file=proto)
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -473,7 +504,7 @@ def _serve_child() -> int:
                       "seconds": time.perf_counter() - start}
         except Exception as exc:  # a press that fails answers with its error; the child serves on
             answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=proto)
     return 0
 
 

@@ -184,12 +184,21 @@ class RayExecutor:
         """Start every worker now and wait until each has loaded the model (``run`` does it lazily)."""
         for _ in range(self.workers - len(self._actors)):
             self._start()
-        for ref in list(self._starting):
+        pending, warned = list(self._starting), False
+        while pending:
+            # A cluster without room for an actor never places it: say so instead of waiting silently.
+            ready, pending = ray.wait(pending, num_returns=1, timeout=self.patience)
+            if not ready:
+                if not warned:
+                    warned = True
+                    self.echo(f"waiting for the cluster to place a worker ({self.cpus:g} CPUs, {self.gpus:g} "
+                              f"GPUs each; free now: {ray.available_resources()})")
+                continue
             try:
-                ray.get(ref)
+                ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 raise DapqError(f"a Ray worker could not start: {_first_line(exc)}") from None
-            self._starting.pop(ref, None)
+            self._starting.pop(ready[0], None)
 
     # ----------------------------------------------------------------- running
     def run(self, units: Sequence[Unit], on_start: Callable[[Unit], None] | None = None

@@ -151,6 +151,9 @@ def test_malformed_files_name_the_file_and_the_expectation(tokenizer, tmp_path):
     args = TaskArgs(data=str(tmp_path), tasks=("hotpotqa",))
     with pytest.raises(DapqError, match=r"hotpotqa.jsonl:2: not valid JSON"):
         build_samples("longbench", tokenizer, args)
+    (tmp_path / "hotpotqa.jsonl").write_bytes(b'{"input": "q", "context": "c", "answers": ["a"]}\n{"input": "caf\xe9"}\n')
+    with pytest.raises(DapqError, match=r"hotpotqa.jsonl:2: not UTF-8 text"):
+        build_samples("longbench", tokenizer, args)
     (tmp_path / "hotpotqa.jsonl").write_text('{"input": "q", "answers": ["a"]}\n')
     with pytest.raises(DapqError, match=r"hotpotqa.jsonl: row 1 has no field 'context' \(LongBench rows have"):
         build_samples("longbench", tokenizer, args)

@@ -46,8 +46,12 @@ def read_jsonl(path: Path, what: str) -> list[dict]:
     if not path.is_file():
         raise DapqError(f"{path}: missing ({what})")
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DapqError(f"{path}:{number}: not UTF-8 text ({what})") from None
             if not line.strip():
                 continue
             try:
