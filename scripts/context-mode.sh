@@ -10,10 +10,10 @@
 # in context mode (the question is not seen during compression), with kvpress's SnapKV,
 # ExpectedAttention and TOVA presses (their own defaults), and the dapq rows again in prompt mode.
 #
-# Sized for one 2-core CPU (about 3 hours): on NIAH, dapq's methods on 4 samples per depth, the
+# Sized for one 2-core CPU (about 4 hours): on NIAH, dapq's methods on 4 samples per depth, the
 # kvpress presses and prompt mode on the first (--samples N draws the same first samples); on
-# RULER, dapq's methods and the SnapKV, ExpectedAttention and TOVA presses on 2 samples per task,
-# prompt mode on the first. KVzipPress rebuilds the context to score it and costs about 5x the
+# RULER, dapq's methods (both modes) and the SnapKV, ExpectedAttention and TOVA presses on 2
+# samples per task. KVzipPress rebuilds the context to score it and costs about 5x the
 # other presses here, so it runs on the first samples at NIAH budget 128 and RULER 50% only.
 # scripts/context-mode-summary.py compares every row on the samples all rows share.
 # kvpress runs in a child process ($DAPQ_KVPRESS_PYTHON, or this interpreter if it has kvpress).
@@ -32,7 +32,7 @@ $dapq bench "${niah[@]}" --samples 4 --compress context --methods "$ours"
 $dapq bench "${ruler[@]}" --samples 2 --ratios 0.25,0.5 --compress context --methods "$ours"
 $dapq bench "${niah[@]}" --samples 1 --compress context --methods "$peers"
 $dapq bench "${niah[@]}" --samples 1 --compress prompt --methods "$dapq_rows"
-$dapq bench "${ruler[@]}" --samples 1 --ratios 0.25,0.5 --compress prompt --methods "$dapq_rows"
+$dapq bench "${ruler[@]}" --samples 2 --ratios 0.25,0.5 --compress prompt --methods "$dapq_rows"
 $dapq bench "${niah[@]}" --samples 1 --budgets 128 --compress context --methods kvpress:KVzipPress
 $dapq bench "${ruler[@]}" --samples 2 --ratios 0.5 --compress context --methods "$peers"
 $dapq bench "${ruler[@]}" --samples 2 --ratios 0.25 --compress context --methods "$peers"
