@@ -15,3 +15,12 @@ class ConfigError(DapqError, ValueError):
 
 class UnsupportedModelError(DapqError):
     """The model's architecture is not one dapq knows how to score."""
+
+
+def first_line(exc: BaseException, default: str = "") -> str:
+    """The first non-empty line of an exception's message (``default`` when it has none).
+
+    Library errors (transformers, Ray, a child process) often carry pages of context; the CLI's
+    one-line errors keep the line that names the problem.
+    """
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), default)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .embedded import EMBEDDED_MODEL, embedded_model_dir
-from .errors import DapqError, UnsupportedModelError
+from .errors import DapqError, UnsupportedModelError, first_line
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -138,7 +138,7 @@ def supported_config(name: str | None):
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:  # no config, or a model_type transformers does not know
-        raise DapqError(f"cannot load model {name!r}: {(str(exc).splitlines() or [repr(exc)])[0]}") from None
+        raise DapqError(f"cannot load model {name!r}: {first_line(exc, repr(exc))}") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
             f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -177,9 +177,9 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except ImportError as exc:  # a flash-attention implementation whose package is missing
-        raise DapqError(f"attention {attn_implementation!r}: {str(exc).splitlines()[0]}") from None
+        raise DapqError(f"attention {attn_implementation!r}: {first_line(exc)}") from None
     except (OSError, ValueError) as exc:  # no weights or no tokenizer there, or a GPU the kernel does not support
-        raise DapqError(f"cannot load model {name!r}: {(str(exc).splitlines() or [repr(exc)])[0]}") from None
+        raise DapqError(f"cannot load model {name!r}: {first_line(exc, repr(exc))}") from None
     model.to(dev).eval()
     return model, tokenizer
 

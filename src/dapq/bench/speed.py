@@ -44,6 +44,7 @@ import torch
 from .. import compat
 from ..compress import PrefillResult, make_batch, prefill
 from ..decoding import DecodeStepper
+from ..errors import first_line
 from ..models import placeholder_tokenizer
 from .runner import MethodSpec
 from .store import ResultsStore, cell_key
@@ -239,7 +240,7 @@ def _release(device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------- cells
 def _oom_record(exc: BaseException) -> dict:
-    return {"oom": True, "error": str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}
+    return {"oom": True, "error": first_line(exc, type(exc).__name__)[:200]}
 
 
 def ttft_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedConfig, *, tokenizer=None,

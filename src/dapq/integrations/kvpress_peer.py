@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 
-from ..errors import DapqError
+from ..errors import DapqError, first_line
 
 PRESSES = {"snapkv": "SnapKVPress", "streamingllm": "StreamingLLMPress"}
 #: Names the accuracy cells take: ``kvpress:SnapKVPress`` etc. (any press class kvpress exports).
@@ -474,7 +474,7 @@ def _serve_child() -> int:
                                       attn_implementation=spec["attn"])
         pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
     except Exception as exc:  # anything that stops the child from serving is reported, then it exits
-        print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}),
+        print(json.dumps({"error": f"{type(exc).__name__}: {first_line(exc)}"}),
               file=proto)
         return 3
     print(json.dumps({"ready": True, "kvpress": version("kvpress")}), file=proto)
@@ -503,7 +503,7 @@ def _serve_child() -> int:
                       "token_bytes": 2 * keys.shape[1] * keys.shape[3] * keys.element_size(),
                       "seconds": time.perf_counter() - start}
         except Exception as exc:  # a press that fails answers with its error; the child serves on
-            answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            answer = {"error": f"{type(exc).__name__}: {first_line(exc)}"}
         print(json.dumps(answer), file=proto)
     return 0
 

@@ -39,7 +39,7 @@ import ray
 import ray.exceptions
 
 from ..bench.executor import Unit, run_unit
-from ..errors import ConfigError, DapqError
+from ..errors import ConfigError, DapqError, first_line
 from ..models import ModelSpec
 
 
@@ -57,7 +57,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
             ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, logging_level="warning")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
-        raise DapqError(f"cannot start or join {where}: {str(exc).strip().splitlines()[0]}") from None
+        raise DapqError(f"cannot start or join {where}: {first_line(exc)}") from None
     return True
 
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from ...errors import DapqError
+from ...errors import DapqError, first_line
 from .base import TaskArgs
 
 HUB = "hub"
@@ -111,5 +111,5 @@ def hub_rows(repo: str, name: str | None, split: str, **kwargs) -> list[dict]:
     try:
         return [dict(row) for row in load_dataset(repo, name, split=split, **kwargs)]
     except Exception as exc:  # network and hub errors come in many types
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        detail = first_line(exc, type(exc).__name__)
         raise DapqError(f"cannot load {repo}{f' ({name})' if name else ''} split {split} from the hub: {detail}") from None
