@@ -33,12 +33,12 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
     compat.forward(model, torch.tensor([prompt]), position_ids=torch.arange(lp)[None], cache=full, first_column=0)
     n_heads, n_kv = model.config.num_attention_heads, model.config.num_key_value_heads
     keep = []
-    for layout in cache.layouts:
+    for layer in cache.layers:
         k = torch.zeros(n_kv, lp, dtype=torch.bool)
-        if layout.kept_indices is None:
+        if layer.kept_indices is None:
             k[:] = True
         else:
-            idx = layout.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots
+            idx = layer.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots
             k.scatter_(1, idx, True)
         keep.append(k.repeat_interleave(n_heads // n_kv, dim=0))  # (Hq, Lp)
     state = {"new": 0, "queries": 1}

@@ -18,7 +18,7 @@ REQUESTS = [
     {"id": "c", "prompt": "One of the special magic numbers for sleepy-owl is: 4817263.", "method": "full"},
     {"id": "d", "prompt": "There and back again. The sun is yellow.", "ratio": 0.5},
     {"id": "e", "prompt": "Berlin is the capital of Germany. 0123456789 Here we go.", "budget": 6,
-     "method": "dapq(window=4)"},
+     "method": "dapq(n_pseudo=4)"},
 ]
 
 
@@ -56,7 +56,7 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
     assert set(by_id["d"]) == set(alone) | {"id"}
     assert {k: by_id["d"][k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")} == {
         k: alone[k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")}
-    assert by_id["e"]["config"]["window"] == 4 and by_id["e"]["budget"] == 6
+    assert by_id["e"]["config"]["n_pseudo"] == 4 and by_id["e"]["budget"] == 6
     assert by_id[2]["method"] == "snapkv" and by_id[2]["budget"] == 8 and by_id["c"]["method"] == "full"
 
 

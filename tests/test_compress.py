@@ -62,7 +62,7 @@ def test_budget_at_least_prompt_is_exactly_fullkv(any_model, name):
     ("dapq", {"layer_budget": "pyramid", "keep_recent": 4, "group_reduce": "max", "query_reduce": "max"}),
     ("dapq_hybrid", {"keep_recent": 4}),
     ("deferkv", {}),
-    ("deferkv", {"steps": 3, "prompt_window": 0, "keep_recent": 0}),
+    ("deferkv", {"steps": 3, "window": 0, "keep_recent": 0}),
     ("snapkv", {}),
     ("pyramidkv", {}),
     ("h2o", {}),
@@ -90,12 +90,12 @@ def test_pruned_cache_equals_masked_full_cache(kind, name, kw):
 
 
 class _FullLayout:
-    """A stand-in cache whose layouts keep everything (for the 'eviction mattered' check)."""
+    """A stand-in cache whose layers keep everything (for the 'eviction mattered' check)."""
 
     def __init__(self, model, lp):
-        from dapq.cache import LayerLayout
+        from types import SimpleNamespace
 
-        self.layouts = [LayerLayout(None, torch.zeros(1, dtype=torch.long), lp)] * model.config.num_hidden_layers
+        self.layers = [SimpleNamespace(kept_indices=None)] * model.config.num_hidden_layers
 
 
 def test_first_token_logits_equal_plain_prefill(llama):
@@ -116,12 +116,12 @@ def test_batch_equals_each_prompt_alone(any_model, name):
         alone, _ = _run(any_model, [prompt], method)
         assert out == alone[0]
     # Padding is never kept: every row attends exactly min(budget, Lp) real tokens per layer.
-    for layout, lp in zip(state.cache.layouts[0].pad_slots.tolist(), (45, 30, 60), strict=True):
+    for row, lp in enumerate((45, 30, 60)):
         expected_kept = min(method.layer_budgets(lp, any_model.config.num_hidden_layers)[0], lp)
-        assert state.cache.layouts[0].width - layout == expected_kept
+        assert state.cache.layers[0].kept_tokens(row) == expected_kept
 
 
-@pytest.mark.parametrize("name,kw", [("pyramidkv", {"budget": 24}), ("snapkv", {"ratio": 0.4})])
+@pytest.mark.parametrize("name,kw", [("pyramidkv", {"budget": 24}), ("snapkv", {"keep_fraction": 0.4})])
 def test_non_canonical_batches_equal_alone(llama, name, kw):
     """Per-layer budgets and ratio budgets in a padded batch need per-layer masks; still exact."""
     prompts = [random_prompt(n, seed=20 + n) for n in (70, 33, 50)]
@@ -199,7 +199,7 @@ def test_posthoc_compress_matches_prefill(llama, name):
         compat.forward(llama, ids, attention_mask=mask, position_ids=batch.position_ids[:, :width], cache=cache,
                        first_column=0)
     post = compress(llama, cache, method, ids, mask, tokenizer=TOKENIZER)
-    for a, b in zip(state.cache.layouts, post.cache.layouts, strict=True):
+    for a, b in zip(state.cache.layers, post.cache.layers, strict=True):
         assert torch.equal(a.kept_indices.sort(-1).values, b.kept_indices.sort(-1).values)
         torch.testing.assert_close(
             state.cache.layers[0].keys, post.cache.layers[0].keys, atol=1e-5, rtol=1e-5
@@ -216,14 +216,14 @@ def test_deferkv_with_decoding_queries_only_is_the_oracle(llama):
     """
     llama.generation_config.eos_token_id = None
     prompt = random_prompt(80, seed=14)
-    defer = build("deferkv", budget=12, steps=4, prompt_window=0, keep_recent=0, kernel=1)
-    oracle = build("oracle", budget=12, window=4)
-    kept = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layouts for m in (defer, oracle)]
+    defer = build("deferkv", budget=12, steps=4, window=0, keep_recent=0, kernel=1)
+    oracle = build("oracle", budget=12, steps=4)
+    kept = [prefill(llama, m, make_batch(llama, m, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layers for m in (defer, oracle)]
     for a, b in zip(*kept, strict=True):
         assert torch.equal(a.kept_indices, b.kept_indices)
     # The prompt window changes the choice, so the equality above is not vacuous.
     mixed = prefill(llama, build("deferkv", budget=12, steps=4, kernel=1),
-                    make_batch(llama, defer, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layouts
+                    make_batch(llama, defer, [prompt], pad_id=0, tokenizer=TOKENIZER)).cache.layers
     assert any(not torch.equal(a.kept_indices, b.kept_indices) for a, b in zip(mixed, kept[1], strict=True))
 
 
@@ -231,14 +231,14 @@ def test_small_budget_keeps_newest_part_of_window(llama):
     """A budget below SnapKV's window keeps the newest budget tokens of the window."""
     method = build("snapkv", budget=3, window=8)
     _, state = _run(llama, [random_prompt(30, seed=7)], method, n=1)
-    for layout in state.cache.layouts:
-        assert layout.kept_indices[0].tolist() == [[27, 28, 29]] * 2
+    for layer in state.cache.layers:
+        assert layer.kept_indices[0].tolist() == [[27, 28, 29]] * 2
 
 
 def test_streamingllm_keeps_sinks_and_recent(llama):
     _, state = _run(llama, [random_prompt(50, seed=8)], build("streamingllm", budget=10, sinks=4), n=1)
-    for layout in state.cache.layouts:
-        assert layout.kept_indices[0, 0].tolist() == [0, 1, 2, 3, 44, 45, 46, 47, 48, 49]
+    for layer in state.cache.layers:
+        assert layer.kept_indices[0, 0].tolist() == [0, 1, 2, 3, 44, 45, 46, 47, 48, 49]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

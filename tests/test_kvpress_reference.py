@@ -35,7 +35,7 @@ def test_snapkv_selection_matches_kvpress(kind, lp, ratio, window, kernel):
     full = DynamicCache()
     with torch.no_grad():
         model(input_ids=ids, past_key_values=full, use_cache=True)
-    for layer_idx, layout in enumerate(state.cache.layouts):
+    for layer_idx, layout in enumerate(state.cache.layers):
         their_keys = theirs.layers[layer_idx].keys[0]  # (Hkv, n_kept, d), in topk order
         all_keys = full.layers[layer_idx].keys[0]  # (Hkv, Lp, d)
         for head in range(their_keys.shape[0]):

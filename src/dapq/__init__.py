@@ -11,13 +11,14 @@ decoding-aligned variants (``dapq_hybrid``, ``deferkv``) and an analysis-only or
 >>> out[0].text, out[0].kv_bytes_kept / out[0].kv_bytes_full
 """
 
-from .cache import CompressedCache
-from .compress import PrefillResult, PromptBatch, compress, make_batch, prefill
+from .cache import CompressedCache, CompressedLayer
+from .compress import compress, make_batch, prefill
 from .context import CompressedContext, ask, compress_context
 from .errors import ConfigError, DapqError, UnsupportedModelError
 from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate, generate_many
-from .methods import Method, available, build
+from .methods import Method, Observation, available, build
 from .models import SUPPORTED_MODEL_TYPES, load_model
+from .state import PrefillResult, PromptBatch
 
 __version__ = "0.1.0"
 
@@ -25,10 +26,12 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CompressedCache",
     "CompressedContext",
+    "CompressedLayer",
     "ConfigError",
     "DapqError",
     "GenerationResult",
     "Method",
+    "Observation",
     "PrefillResult",
     "PromptBatch",
     "SamplingConfig",

@@ -75,7 +75,7 @@ def result_fields(result, method: Method) -> dict:
     """The fields of ``dapq generate --json`` for one :class:`~dapq.generation.GenerationResult`."""
     record = result.to_dict()
     record["budget"] = method.budget if method.budget is not None else max(result.kept_tokens_per_head)
-    record["ratio"] = method.ratio
+    record["ratio"] = method.keep_fraction
     return record
 
 
@@ -95,7 +95,7 @@ def method_of_record(rec: dict, defaults: MethodDefaults) -> Method:
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
         raise DapqError(f"ratio must be a number, got {ratio!r}")
     if "method" not in rec:
-        return build_from_options(defaults.method, budget=budget, ratio=ratio, window=defaults.window,
+        return build_from_options(defaults.method, budget=budget, keep_fraction=ratio, window=defaults.window,
                                    content=defaults.content, preset=defaults.preset)
     if not isinstance(rec["method"], str):
         raise DapqError("method must be a string such as \"snapkv\" or \"dapq(window=16)\"")

@@ -4,104 +4,174 @@ After eviction, layer ``l`` physically holds ``C_l`` prompt slots (gathered, in 
 plus the generated tokens. RoPE positions must stay the original ones: the next token is at
 position Lp, not C_l. dapq always passes explicit ``position_ids``; what transformers still
 derives from the cache is the mask's query offset (and ``cache_position`` up to 5.3,
-:mod:`dapq.compat`), so :class:`CompressedCache` reports the *logical* length (physical +
-evicted) from ``get_seq_length`` and hands the number of evicted slots to the mask builder as
-``kv_offset``; a plain ``model.generate()`` then continues at the right positions too.
+:mod:`dapq.compat`). So, as transformers' own ``DynamicSlidingWindowLayer`` does for a layer whose
+logical length differs from its physical one, each :class:`CompressedLayer` reports the *logical*
+length (physical + evicted) from ``get_seq_length`` and hands its number of evicted slots to the
+mask builder as ``kv_offset``; a plain ``model.generate()`` then continues at the right positions.
 
 Why that offset gives the right padding mask: with left padding, row ``b`` of a batch of padded
 width P keeps ``min(C, Lp_b)`` real tokens, laid out after ``C - min(C, Lp_b)`` masked slots. The
 mask builder reads the user's *logical* 2-D mask at index ``kv_offset + j = P - C + j`` for
 physical slot ``j``; that entry is padding exactly when ``j < C - Lp_b``. So a plain
 ``model.generate(..., attention_mask=<the original mask + ones>)`` masks exactly the padded
-slots. Layouts where this does not hold (per-layer budgets with padding, or ratio budgets in a
+slots. Layouts where this does not hold (per-layer budgets with padding, or kept fractions in a
 batch) are flagged ``canonical = False``; :class:`dapq.decoding.DecodeStepper` then supplies
 per-layer masks itself.
+
+Each layer owns its state (kept indices, padding slots, evicted count); the cache is a list of
+layers plus the figures of the step that compressed it, so selecting or stacking batch rows is
+one loop over layers.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from . import compat
 
 
-@dataclass
-class LayerLayout:
-    """Where the kept prompt tokens of one layer sit in its physical cache."""
+class CompressedLayer(DynamicLayer):
+    """One layer's cache after eviction: kept prompt slots, then whatever was appended since.
 
-    kept_indices: Tensor | None
-    """(B, Hkv, C) padded-prompt column of each physical slot; None when nothing was evicted."""
-    pad_slots: Tensor
-    """(B,) leading physical slots of each row that are masked (padding)."""
-    width: int
-    """C, physical prompt slots of this layer."""
+    Parameters
+    ----------
+    keys, values : Tensor
+        (B, Hkv, C + T, d) physical slots: ``C`` kept prompt slots, then ``T`` appended columns.
+    kept_indices : Tensor, optional
+        (B, Hkv, C) padded-prompt column of each prompt slot; None when nothing was evicted (the
+        slots are the prompt columns in order).
+    pad_slots : Tensor
+        (B,) leading prompt slots of each row that are masked (padding).
+    prompt_lengths : Tensor
+        (B,) real prompt length of each row.
+    prompt_width : int
+        P, the padded prompt width the slots were selected from.
+    """
 
-
-class CompressedCache(DynamicCache):
-    """A :class:`~transformers.DynamicCache` whose prompt part was pruned by a dapq method."""
-
-    def __init__(self) -> None:
+    def __init__(self, keys: Tensor, values: Tensor, *, kept_indices: Tensor | None, pad_slots: Tensor,
+                 prompt_lengths: Tensor, prompt_width: int):
         super().__init__()
-        self.prompt_width = 0
-        self.prompt_lengths: Tensor | None = None
-        self.layouts: list[LayerLayout] = []
-        self.stats = CompressionStats()
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.kept_indices = kept_indices
+        self.pad_slots = pad_slots
+        self.prompt_lengths = prompt_lengths
+        self.prompt_width = prompt_width
+        self.prompt_slots = keys.shape[2]
+        """C, the physical prompt slots of this layer."""
+
+    @classmethod
+    def whole(cls, keys: Tensor, values: Tensor, prompt_lengths: Tensor) -> CompressedLayer:
+        """A layer that evicted nothing: every padded prompt column in order."""
+        width = keys.shape[2]
+        return cls(keys, values, kept_indices=None, pad_slots=width - prompt_lengths, prompt_lengths=prompt_lengths,
+                   prompt_width=width)
+
+    @property
+    def evicted(self) -> int:
+        """Logical columns minus physical slots: the mask's ``kv_offset`` and the position gap."""
+        return self.prompt_width - self.prompt_slots
 
     # ---------------------------------------------------------------- transformers API
-    def _offset(self, layer_idx: int) -> int:
-        if layer_idx < len(self.layouts):
-            return self.prompt_width - self.layouts[layer_idx].width
-        return 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    def get_seq_length(self) -> int:
         """Logical length: the padded prompt width plus the columns appended since, evicted slots included.
 
         A batch-wide column count, not row ``b``'s next position (that is ``Lp_b + T``, which dapq
         passes explicitly).
         """
-        physical = super().get_seq_length(layer_idx)
-        return physical + self._offset(layer_idx) if physical else 0
+        physical = super().get_seq_length()
+        return physical + self.evicted if physical else 0
 
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        """The mask's query offset (transformers 5.14+): the logical length, as ``get_seq_length``."""
-        return self.get_seq_length(layer_idx)
-
-    def get_mask_sizes(self, query, layer_idx: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query) -> tuple[int, int]:
         """The mask's key axis: this layer's physical slots, read at logical offset ``kv_offset``.
 
         ``query`` is whatever this transformers release passes (``cache_position`` up to 5.3, the
-        query length from 5.4; :mod:`dapq.compat`); it goes to the parent untouched.
+        query length from 5.4; :func:`dapq.compat.query_length`).
         """
-        kv_length, kv_offset = super().get_mask_sizes(query, layer_idx)
-        return kv_length, kv_offset + self._offset(layer_idx)
+        return self.keys.shape[2] + compat.query_length(query), self.evicted
 
     # ---------------------------------------------------------------- dapq API
     @property
     def canonical(self) -> bool:
-        """True when the logical 2-D attention mask describes every layer (see module doc)."""
-        if not self.layouts:
-            return True
-        widths = {layout.width for layout in self.layouts}
-        if len(widths) != 1:
-            return False
-        width = widths.pop()
-        expected = (width - self.prompt_lengths).clamp(min=0)
-        return all(torch.equal(layout.pad_slots.cpu(), expected.cpu()) for layout in self.layouts)
+        """True when the logical 2-D mask describes this layer's padding (see the module doc)."""
+        expected = (self.prompt_slots - self.prompt_lengths).clamp(min=0)
+        return torch.equal(self.pad_slots.cpu(), expected.cpu())
 
-    def slot_mask(self, layer_idx: int, tail: Tensor) -> Tensor:
-        """(B, C_l + T) bool: which physical slots of a layer may be attended to.
+    def kept_tokens(self, row: int) -> int:
+        """Real prompt tokens row ``row`` keeps per KV head (padding slots excluded)."""
+        return self.prompt_slots - int(self.pad_slots[row])
+
+    def slot_mask(self, tail: Tensor) -> Tensor:
+        """(B, C + T) bool: which physical slots may be attended to.
 
         ``tail`` (B, T) marks which of the T columns appended after the prompt slots (a question,
         generated tokens) are real; padding inside a question block is False.
         """
-        layout = self.layouts[layer_idx]
-        slots = torch.arange(layout.width, device=layout.pad_slots.device)
-        prompt = slots[None, :] >= layout.pad_slots[:, None]
+        slots = torch.arange(self.prompt_slots, device=self.pad_slots.device)
+        prompt = slots[None, :] >= self.pad_slots[:, None]
         return torch.cat([prompt, tail.to(device=prompt.device, dtype=torch.bool)], dim=1)
+
+    def indices(self) -> Tensor:
+        """(B, Hkv, C) kept prompt columns, also when nothing was evicted."""
+        if self.kept_indices is not None:
+            return self.kept_indices
+        bsz, n_kv = self.keys.shape[:2]
+        return torch.arange(self.prompt_slots, device=self.pad_slots.device).expand(bsz, n_kv, -1)
+
+    def select(self, rows: Tensor) -> CompressedLayer:
+        """The given batch rows (repeats allowed), each with its own slots and padding."""
+        pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
+        return CompressedLayer(self.keys[rows], self.values[rows], kept_indices=pick(self.kept_indices),
+                               pad_slots=pick(self.pad_slots), prompt_lengths=pick(self.prompt_lengths),
+                               prompt_width=self.prompt_width)
+
+    @classmethod
+    def stack(cls, layers: Sequence[CompressedLayer]) -> CompressedLayer:
+        """The rows of several layers with the same slot count and prompt width, as one batch."""
+        first = layers[0]
+        if any(lay.prompt_slots != first.prompt_slots or lay.prompt_width != first.prompt_width for lay in layers):
+            raise ValueError("only layers with the same prompt width and slot count can be stacked")
+        evicted = any(lay.kept_indices is not None for lay in layers)
+        return cls(torch.cat([lay.keys for lay in layers]), torch.cat([lay.values for lay in layers]),
+                   kept_indices=torch.cat([lay.indices() for lay in layers]) if evicted else None,
+                   pad_slots=torch.cat([lay.pad_slots for lay in layers]),
+                   prompt_lengths=torch.cat([lay.prompt_lengths for lay in layers]), prompt_width=first.prompt_width)
+
+
+class CompressedCache(DynamicCache):
+    """A :class:`~transformers.DynamicCache` whose layers are :class:`CompressedLayer` after compression.
+
+    During a prefill its layers are plain dynamic layers; the engine replaces each one with a
+    :class:`CompressedLayer` right after that layer's eviction. ``stats`` holds the figures of the
+    compression step.
+    """
+
+    def __init__(self, layers: list | None = None, stats: CompressionStats | None = None) -> None:
+        super().__init__()
+        if layers is not None:
+            self.layers = list(layers)
+        self.stats = stats or CompressionStats()
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """The mask's query offset: the logical length. transformers 5.14+ asks for it (and answers
+        the same by itself); older releases read ``get_seq_length`` (:mod:`dapq.compat`)."""
+        return self.get_seq_length(layer_idx)
+
+    @property
+    def canonical(self) -> bool:
+        """True when the logical 2-D attention mask describes every layer (see the module doc)."""
+        if not self.layers or not isinstance(self.layers[0], CompressedLayer):
+            return True
+        if len({layer.prompt_slots for layer in self.layers}) != 1:
+            return False
+        return all(layer.canonical for layer in self.layers)
 
     def select(self, rows: Sequence[int]) -> CompressedCache:
         """A new cache made of the given batch rows (repeats allowed), each with its own slots and padding.
@@ -110,24 +180,16 @@ class CompressedCache(DynamicCache):
         per question, decoded as one batch (:func:`dapq.context.ask`).
         """
         index = torch.as_tensor(list(rows), dtype=torch.long, device=self.layers[0].keys.device)
-        out = CompressedCache()
-        out.prompt_width = self.prompt_width
-        out.prompt_lengths = self.prompt_lengths[index.to(self.prompt_lengths.device)]
-        out.layouts = [LayerLayout(None if lay.kept_indices is None else lay.kept_indices[index.to(lay.kept_indices.device)],
-                                   lay.pad_slots[index.to(lay.pad_slots.device)], lay.width) for lay in self.layouts]
-        out.layers = []
-        for layer in self.layers:
-            new = copy.copy(layer)
-            new.keys, new.values = layer.keys[index], layer.values[index]
-            out.layers.append(new)
-        per_row = [self.stats.kv_bytes_full // max(len(self.prompt_lengths), 1)] * len(index)
-        out.stats = replace(self.stats, kv_bytes_full=sum(per_row), kv_bytes_kept=out.kv_bytes(),
-                            budgets=[self.stats.budgets[i] for i in index.tolist()] if self.stats.budgets else [])
+        n_rows = len(self.layers[0].prompt_lengths)
+        stats = replace(self.stats, kv_bytes_full=self.stats.kv_bytes_full // max(n_rows, 1) * len(index),
+                        budgets=[self.stats.budgets[i] for i in index.tolist()] if self.stats.budgets else [])
+        out = CompressedCache([layer.select(index) for layer in self.layers], stats)
+        out.stats.kv_bytes_kept = out.kv_bytes()
         return out
 
     def kept_per_layer(self) -> list[int]:
         """Physical prompt slots per KV head, per layer."""
-        return [layout.width for layout in self.layouts]
+        return [layer.prompt_slots for layer in self.layers]
 
     def repeat_batch(self, n: int) -> CompressedCache:
         """A new cache holding every row ``n`` times (row order ``0..B-1, 0..B-1, ...``).
@@ -144,38 +206,23 @@ class CompressedCache(DynamicCache):
         Sweeps use it to decode many methods' caches of one prompt together (see
         :func:`dapq.generation.generate_many`): each row keeps its own kept slots and padding.
         """
-        first = caches[0]
-        widths = first.kept_per_layer()
-        if any(c.kept_per_layer() != widths or c.prompt_width != first.prompt_width for c in caches):
-            raise ValueError("only caches with the same prompt width and per-layer widths can be stacked")
-        out = cls()
-        out.prompt_width = first.prompt_width
-        out.prompt_lengths = torch.cat([c.prompt_lengths for c in caches])
-        out.layouts = []
-        for i, width in enumerate(widths):
-            lays = [c.layouts[i] for c in caches]
-            indices = None
-            if any(lay.kept_indices is not None for lay in lays):
-                # A layer that evicted nothing holds every column in order.
-                indices = torch.cat([lay.kept_indices if lay.kept_indices is not None else
-                                     torch.arange(width, device=lay.pad_slots.device).expand(
-                                         len(lay.pad_slots), caches[k].layers[i].keys.shape[1], -1)
-                                     for k, lay in enumerate(lays)])
-            out.layouts.append(LayerLayout(indices, torch.cat([lay.pad_slots for lay in lays]), width))
-        out.layers = []
-        for i, layer in enumerate(first.layers):
-            new = copy.copy(layer)
-            new.keys = torch.cat([c.layers[i].keys for c in caches])
-            new.values = torch.cat([c.layers[i].values for c in caches])
-            out.layers.append(new)
-        out.stats = replace(first.stats, kv_bytes_full=sum(c.stats.kv_bytes_full for c in caches),
-                            kv_bytes_kept=sum(c.stats.kv_bytes_kept for c in caches),
-                            budgets=[row for c in caches for row in c.stats.budgets])
-        return out
+        layers = [CompressedLayer.stack(group) for group in zip(*(c.layers for c in caches), strict=True)]
+        stats = replace(caches[0].stats, kv_bytes_full=sum(c.stats.kv_bytes_full for c in caches),
+                        kv_bytes_kept=sum(c.stats.kv_bytes_kept for c in caches),
+                        budgets=[row for c in caches for row in c.stats.budgets])
+        return cls(layers, stats)
 
     def kv_bytes(self) -> int:
         """Bytes held by keys and values of every layer right now."""
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized)
+
+
+def dynamic_layer(keys: Tensor, values: Tensor) -> DynamicLayer:
+    """A plain dynamic layer over existing tensors, without copying them."""
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    return layer
 
 
 def clone_cache(cache: DynamicCache) -> DynamicCache:

@@ -138,7 +138,7 @@ def generate(
                           "one prompt runs here")
     from .methods.registry import build_from_options
 
-    chosen = build_from_options(method, budget=budget, ratio=ratio, window=window, content=content,
+    chosen = build_from_options(method, budget=budget, keep_fraction=ratio, window=window, content=content,
                                  preset=preset)
     if context_file is not None:
         if prompt is not None or prompt_file is not None:

@@ -13,9 +13,9 @@ Change                                         Release      What dapq does
 =============================================  ===========  ======================================
 Forwards take ``cache_position``               5.2 - 5.3    :func:`forward` passes it only where
 (gone from 5.4; extra kwargs are absorbed)                  the model's forward declares it
-``Cache.get_mask_sizes(cache_position, l)``    5.2 - 5.3    ``CompressedCache.get_mask_sizes``
-becomes ``get_mask_sizes(query_length, l)``    5.4          forwards its first argument as is
-Mask query offset: ``cache_position[0]``       5.2 - 5.3    ``CompressedCache`` answers all three
+``Cache.get_mask_sizes(cache_position, l)``    5.2 - 5.3    ``CompressedLayer.get_mask_sizes``
+becomes ``get_mask_sizes(query_length, l)``    5.4          reads it with :func:`query_length`
+Mask query offset: ``cache_position[0]``       5.2 - 5.3    ``CompressedLayer`` answers all three
 then ``cache.get_seq_length()``                5.4 - 5.13   with the logical length (physical +
 then ``cache.get_query_offset(layer_idx)``     5.14         evicted), the same in every layer
 ``get_max_cache_shape`` -> ``get_max_length``  5.13         not used
@@ -31,7 +31,7 @@ GGUF tokenizer conversion: the saved           5.17 -       :func:`tokenizer_rou
 tokenizer loses its ByteLevel decoder                       it; embedded.py re-converts (see there)
 =============================================  ===========  ======================================
 
-``CompressedCache`` keeps one meaning in every release: the *logical* length (what positions
+``CompressedLayer`` keeps one meaning in every release: the *logical* length (what positions
 and the mask's query offset need) from ``get_seq_length``/``get_query_offset``, the *physical*
 length of each layer for the mask's key axis, and the evicted slots as the mask's ``kv_offset``.
 """
@@ -98,6 +98,11 @@ def forward(model, input_ids, *, position_ids, cache, first_column: int, attenti
         kwargs["cache_position"] = torch.arange(first_column, first_column + input_ids.shape[1],
                                                 device=input_ids.device)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+
+
+def query_length(query) -> int:
+    """The query length a cache layer's ``get_mask_sizes`` was given: a ``cache_position`` tensor (to 5.3) or an int."""
+    return query if isinstance(query, int) else int(query.shape[0])
 
 
 def truncate(layer, length: int) -> None:

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .compress import PrefillResult, make_batch, prefill
+from .compress import make_batch, prefill
 from .decoding import DecodeStepper
 from .errors import DapqError
 from .generation import GenerationResult, SamplingConfig, _results, pad_token_id, sample_loop
 from .methods import build
 from .methods.base import Method
+from .state import PrefillResult
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,9 @@ def answer(model, tokenizer, state: PrefillResult, question_ids: Sequence[Sequen
     :meth:`~dapq.cache.CompressedCache.select`). Returns token ids, finish reasons, the seconds
     of the question forward and of decoding.
     """
-    if len(question_ids) != state.cache.prompt_lengths.shape[0]:
-        raise DapqError(f"{len(question_ids)} questions for {state.cache.prompt_lengths.shape[0]} context rows")
+    rows = state.batch.prompt_lengths.shape[0]
+    if len(question_ids) != rows:
+        raise DapqError(f"{len(question_ids)} questions for {rows} context rows")
     ids, valid = question_block(question_ids, pad_token_id(tokenizer), model.device)
     with DecodeStepper(model, state, ids.shape[1] + cfg.max_new_tokens) as stepper:
         start = time.perf_counter()

@@ -2,8 +2,9 @@
 
 The one place that feeds new tokens to a model over a :class:`~dapq.cache.CompressedCache`:
 the decode loop of :mod:`dapq.generation`, the questions of :mod:`dapq.context` and DeferKV's
-lookahead steps in :mod:`dapq.compress` all go through :class:`DecodeStepper`. It imports neither of
-those modules, which is what keeps them free of an import cycle.
+look-ahead steps in :mod:`dapq.compress` all go through :class:`DecodeStepper`. It imports none of
+those modules (the state it decodes from lives in the leaf :mod:`dapq.state`), so they form no
+import cycle.
 
 Row ``b`` of a batch generates its t-th new token at RoPE position ``Lp_b + t`` whatever was
 evicted. The stepper feeds transformers the *logical* attention mask (the prompt's padding mask
@@ -14,17 +15,13 @@ per-layer masks through forward pre-hooks for its lifetime.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
 from . import compat
 from .cache import CompressedCache
 from .models import AttentionHooks
-
-if TYPE_CHECKING:
-    from .compress import PrefillResult
+from .state import PrefillResult
 
 
 class _PerLayerMasks(AttentionHooks):
@@ -44,7 +41,7 @@ class _PerLayerMasks(AttentionHooks):
         self.n_query = 1
 
     def _hook(self, module, args, kwargs):
-        allowed = self.cache.slot_mask(module.layer_idx, self.tail)  # (B, S)
+        allowed = self.cache.layers[module.layer_idx].slot_mask(self.tail)  # (B, S)
         if self.impl.startswith("flash"):
             # Flash attention takes a 2-D padding mask and applies causality itself.
             kwargs["attention_mask"] = None if bool(allowed.all()) else allowed.long()

@@ -14,11 +14,12 @@ import torch
 from torch import Tensor
 
 from .cache import clone_cache
-from .compress import PrefillResult, compress, make_batch, prefill
+from .compress import compress, make_batch, prefill
 from .decoding import DecodeStepper
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
+from .state import PrefillResult
 
 
 @dataclass
@@ -261,7 +262,7 @@ def _results(model, tokenizer, state: PrefillResult, methods: Sequence[Method], 
     token_bytes = 2 * keys.shape[1] * keys.shape[3] * keys.element_size()
     results = []
     for b, row in enumerate(ids):
-        kept = [layout.width - int(layout.pad_slots[b]) for layout in state.cache.layouts]
+        kept = [layer.kept_tokens(b) for layer in state.cache.layers]
         results.append(
             GenerationResult(
                 text=_text(tokenizer, row, eos, sampling.stop),

@@ -43,7 +43,7 @@ def test_similarity(capsys, model_dir, tmp_path):
 
 def test_recall_and_oracle_reference(capsys, model_dir, tmp_path):
     code, out, err = run(capsys, "analyze", "recall", "--model", model_dir, *COMMON, "--methods",
-                         "dapq,snapkv,h2o,oracle(window=4)", "--budget", "16", "--windows", "1,4", "--steps", "4",
+                         "dapq,snapkv,h2o,oracle(steps=4)", "--budget", "16", "--windows", "1,4", "--steps", "4",
                          "--out", str(tmp_path))
     assert code == 0, err
     records = _records(tmp_path)
@@ -56,7 +56,7 @@ def test_recall_and_oracle_reference(capsys, model_dir, tmp_path):
     # Resumable: a second run finds every record done and adds none.
     n = len(records)
     assert run(capsys, "analyze", "recall", "--model", model_dir, *COMMON, "--methods",
-               "dapq,snapkv,h2o,oracle(window=4)", "--budget", "16", "--windows", "1,4", "--steps", "4",
+               "dapq,snapkv,h2o,oracle(steps=4)", "--budget", "16", "--windows", "1,4", "--steps", "4",
                "--out", str(tmp_path))[0] == 0
     assert len(_records(tmp_path)) == n
 

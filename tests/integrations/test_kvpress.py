@@ -50,7 +50,7 @@ def test_dapq_press_keeps_dapq_context_mode_tokens(kind, ratio, params):
     full = DynamicCache()
     compat.forward(model, torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], cache=full, first_column=0)
     assert cache.get_seq_length() == n_kept < len(ids)
-    for layer_idx, layout in enumerate(ours.state.cache.layouts):
+    for layer_idx, layout in enumerate(ours.state.cache.layers):
         assert _kept_columns(cache, full, layer_idx) == layout.kept_indices[0].tolist(), f"layer {layer_idx}"
 
 

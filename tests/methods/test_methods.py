@@ -20,8 +20,8 @@ def test_methods_are_small_picklable_dataclasses(name):
     assert clone.config()["method"] == name
 
 
-@pytest.mark.parametrize("bad", [dict(budget=0), dict(budget=-3), dict(ratio=0.0), dict(ratio=1.0),
-                                 dict(budget=4, ratio=0.5), dict()])
+@pytest.mark.parametrize("bad", [dict(budget=0), dict(budget=-3), dict(keep_fraction=0.0),
+                                 dict(keep_fraction=1.0), dict(budget=4, keep_fraction=0.5), dict()])
 def test_bad_budgets_are_rejected(bad):
     with pytest.raises(ConfigError):
         build("snapkv", **bad)
@@ -32,7 +32,7 @@ def test_unknown_names_and_parameters():
         build("nope", budget=3)
     with pytest.raises(ConfigError, match="no parameter"):
         build("snapkv", budget=3, windw=4)
-    for name, kw in [("dapq", dict(window=0)), ("snapkv", dict(window=0)), ("dapq", dict(content="bogus")),
+    for name, kw in [("dapq", dict(n_pseudo=0)), ("snapkv", dict(window=0)), ("dapq", dict(content="bogus")),
                      ("dapq", dict(prefix=3, suffix=3)), ("dapq", dict(inside_part=4)), ("dapq", dict(kernel=0))]:
         with pytest.raises(ConfigError):
             build(name, budget=8, **kw)
@@ -57,7 +57,7 @@ def test_dapq_pseudo_content(tokenizer):
     m = build("dapq", budget=8, preset="paper")
     assert m.pseudo_tokens(prompt, vocab_size=320, model_type="llama") == prompt[:8] + prompt[-24:]
     assert m.pseudo_tokens(prompt, vocab_size=320, model_type="qwen2") == prompt[:2] + prompt[-30:]
-    assert build("dapq", budget=8, window=8).split("llama") == (2, 6)
+    assert build("dapq", budget=8, n_pseudo=8).split("llama") == (2, 6)
     # The default content is the fixed text; it needs the tokenizer, and says so.
     default = build("dapq", budget=8)
     assert default.pseudo_tokens(prompt, vocab_size=320, model_type="llama", tokenizer=tokenizer) == \
@@ -96,7 +96,7 @@ def _kept(model, method, prompt):
     from conftest import TOKENIZER
 
     state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
-    return [layout.kept_indices for layout in state.cache.layouts]
+    return [layer.kept_indices for layer in state.cache.layers]
 
 
 def test_dapq_hybrid_spans_dapq_and_snapkv(llama):
@@ -112,8 +112,8 @@ def test_dapq_hybrid_spans_dapq_and_snapkv(llama):
     assert all(torch.equal(a, b) for a, b in zip(dapq_only, _kept(llama, build("dapq", budget=20), prompt), strict=True))
     assert all(torch.equal(a, b) for a, b in zip(snap_only, _kept(llama, build("snapkv", budget=20), prompt), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(mixed, snap_only, strict=True))
-    assert build("dapq_hybrid", budget=8, prompt_window=4).num_queries(90) == 36
-    for bad in (dict(prompt_window=0), dict(prompt_weight=1.5)):
+    assert build("dapq_hybrid", budget=8, window=4).observation().queries(90) == 36
+    for bad in (dict(window=0), dict(prompt_weight=1.5)):
         with pytest.raises(ConfigError):
             build("dapq_hybrid", budget=8, **bad)
 
@@ -129,7 +129,7 @@ def test_dapq_pyramid_layer_budget():
 
 def test_presets():
     paper = build("dapq", budget=64, preset="paper")
-    assert (paper.content, paper.prefix, paper.keep_recent, paper.window, paper.kernel) == ("prefix_suffix", None, 0, 32, 7)
+    assert (paper.content, paper.prefix, paper.keep_recent, paper.n_pseudo, paper.kernel) == ("prefix_suffix", None, 0, 32, 7)
     assert paper.split("llama") == (8, 24) and paper.split("qwen3") == (2, 30)  # Table 10 of the paper
     assert build("dapq", budget=64, preset="paper", keep_recent=8).keep_recent == 8  # explicit wins
     with pytest.raises(ConfigError, match="no preset"):

@@ -34,7 +34,6 @@ def oracle_topk(trace: DecodeTrace, budget: int, n_kv_heads: int) -> torch.Tenso
 def method_recall(model, cache, prompt_ids: list[int], trace: DecodeTrace, method: Method, budget_ref: torch.Tensor,
                   tokenizer=None) -> dict:
     """Per-layer recall of the oracle's top-K and distribution cosine for one method."""
-    n_kv = model.config.num_key_value_heads
     distributions: dict[int, torch.Tensor] = {}
 
     def observe(ctx):
@@ -50,9 +49,8 @@ def method_recall(model, cache, prompt_ids: list[int], trace: DecodeTrace, metho
     result = compress(model, clone_cache(cache), method, ids, tokenizer=tokenizer, observer=observe)
     real = trace.attention.mean(dim=2)  # (L, Hq, Lp)
     recall, cos = [], []
-    for layer, layout in enumerate(result.cache.layouts):
-        kept = layout.kept_indices[0] if layout.kept_indices is not None else torch.arange(
-            len(prompt_ids)).expand(n_kv, -1)
+    for layer, cached in enumerate(result.cache.layers):
+        kept = cached.indices()[0]
         recall.append(float(keep_recall(kept, budget_ref[layer]).mean()))
         if layer in distributions:
             cos.append(float(cosine(distributions[layer], real[layer]).mean()))

@@ -28,7 +28,7 @@ ABLATIONS = {
     "a": tuple(_PAPER.format(c) for c in (
         "prefix=8,suffix=24", "prefix=2,suffix=30", "prefix=16,suffix=16", "prefix=0,suffix=32",
         "content='random_sample'", "content='random_span'", "content='fixed'", "content='random_vocab'")),
-    "b": tuple(_PAPER.format(f"window={w}") for w in (8, 16, 32, 64, 128)),
+    "b": tuple(_PAPER.format(f"n_pseudo={w}") for w in (8, 16, 32, 64, 128)),
     "c": tuple(_PAPER.format(c) for c in (
         "inside_part=1", "inside_part=2", "inside_part=3", "position_offset=0", "position_offset=32",
         "position_offset=64", "position_offset=128")),
@@ -122,11 +122,11 @@ def _spec_variants(specs: list[MethodSpec], windows) -> list[tuple[str, str, int
     for spec in specs:
         cls = method_class(spec.name)
         # Only observation windows are swept (SnapKV's last-W queries, DapQ's N pseudo queries);
-        # H2O's window is its always-kept recent tail and the oracle's is its reference steps.
-        sweeps = cls.query_source in ("suffix", "pseudo") and not cls.analysis_only
-        if windows and sweeps and "window" not in dict(spec.params):
+        # the oracle's reference steps are not a window.
+        param = cls.window_param
+        if windows and param and not cls.analysis_only and param not in dict(spec.params):
             for w in windows:
-                out.append((spec.label, spec.name, w, MethodSpec(spec.label, spec.name, spec.params + (("window", w),))))
+                out.append((spec.label, spec.name, w, MethodSpec(spec.label, spec.name, spec.params + ((param, w),))))
         else:
             out.append((spec.label, spec.name, None, spec))
     return out

@@ -48,7 +48,7 @@ class MethodSpec:
         try:
             if self.name == "full":
                 return build(self.name, **params)
-            return build(self.name, budget=budget, ratio=ratio, **params)
+            return build(self.name, budget=budget, keep_fraction=ratio, **params)
         except (TypeError, ValueError) as exc:  # a parameter of the wrong type, e.g. window='x'
             raise ConfigError(f"{self.label}: bad parameter ({exc})") from None
 

@@ -30,58 +30,34 @@ functions); nothing else in dapq imports it.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field, fields, make_dataclass
 
 import torch
 from kvpress import BasePress
 from kvpress.utils import compute_n_kept
 
-from ..compress import select_slots
+from ..compress import gather_slots, select_slots
 from ..methods import build
 from ..methods.base import LayerContext
+from ..methods.dapq import DapQ
 from ..scoring import project_queries
 
+#: DapQ's parameters a press takes: all of them but the budget, which kvpress sets per context
+#: from its ``compression_ratio``.
+_DAPQ_PARAMS = tuple(f for f in fields(DapQ) if f.name not in ("budget", "keep_fraction"))
 
-@dataclass
-class DapQPress(BasePress):
-    """DapQ's pseudo-query eviction as a kvpress press.
 
-    Parameters
-    ----------
-    compression_ratio : float
-        Fraction of the context removed (kvpress's convention; dapq's ``ratio`` is ``1 - this``).
-    tokenizer : optional
-        Needed for the text pseudo contents (``fixed``, the default, and ``text``).
-    window, content, text, keep_recent, position_offset, normalize, kernel, pooling, query_reduce,
-    group_reduce, preset
-        DapQ's parameters, with dapq's defaults (:class:`dapq.methods.dapq.DapQ`); ``preset="paper"``
-        is the paper's recipe.
-    """
-
-    compression_ratio: float = 0.0
-    tokenizer: object = field(default=None, repr=False, compare=False)
-    window: int = 32
-    content: str = "fixed"
-    text: str | None = None
-    keep_recent: int = 0
-    position_offset: int = 0
-    normalize: str = "prompt"
-    kernel: int = 7
-    pooling: str = "max"
-    query_reduce: str = "sum"
-    group_reduce: str = "mean"
-    preset: str | None = None
+class _DapQPressBody:
+    """The behaviour of :class:`DapQPress`; its fields are made from DapQ's below."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.compression_ratio < 1.0:
             raise ValueError(f"compression_ratio must lie in [0, 1), got {self.compression_ratio}")
-        params = dict(window=self.window, content=self.content, text=self.text, keep_recent=self.keep_recent,
-                      position_offset=self.position_offset, normalize=self.normalize, kernel=self.kernel,
-                      pooling=self.pooling, query_reduce=self.query_reduce, group_reduce=self.group_reduce)
+        params = {f.name: getattr(self, f.name) for f in _DAPQ_PARAMS}
         if self.preset is not None:
             # Parameters left at their defaults yield to the preset; the budget is set per call.
-            defaults = {f: DapQPress.__dataclass_fields__[f].default for f in params}
-            params = {k: v for k, v in params.items() if v != defaults[k]} | {"preset": self.preset}
+            params = {f.name: params[f.name] for f in _DAPQ_PARAMS if params[f.name] != f.default}
+            params["preset"] = self.preset
         # The budget is kvpress's n_kept, computed per context in compress(); any valid one builds.
         self.method = build("dapq", budget=1, **params)
         self._context_length = 0
@@ -114,7 +90,7 @@ class DapQPress(BasePress):
 
         handle = base.register_forward_pre_hook(append_pseudo_tokens, with_kwargs=True)
         try:
-            with super().__call__(model):
+            with BasePress.__call__(self, model):
                 yield
         finally:
             handle.remove()
@@ -123,7 +99,7 @@ class DapQPress(BasePress):
         """Keep the context tokens DapQ's pseudo queries attend to most; drop the pseudo tokens."""
         if self.compression_ratio == 0:
             return keys, values
-        n_pseudo = self.method.window
+        n_pseudo = self.method.n_pseudo
         width = self._context_length
         bsz, n_cols = keys.shape[0], keys.shape[2]
         cos, sin = kwargs["position_embeddings"]
@@ -141,5 +117,30 @@ class DapQPress(BasePress):
         n_kept = compute_n_kept(width, self.compression_ratio)
         kept = torch.full((bsz,), n_kept, device=device)
         indices, _ = select_slots(self.method, ctx, kept, n_kept)
-        gather = indices[..., None].expand(-1, -1, -1, keys.shape[-1])
-        return keys[:, :, :width].gather(2, gather).contiguous(), values[:, :, :width].gather(2, gather).contiguous()
+        return gather_slots(keys, values, width, indices)
+
+
+DapQPress = make_dataclass(
+    "DapQPress",
+    [("compression_ratio", float, field(default=0.0)),
+     ("tokenizer", object, field(default=None, repr=False, compare=False)),
+     *[(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in _DAPQ_PARAMS],
+     ("preset", "str | None", field(default=None))],
+    bases=(_DapQPressBody, BasePress),
+    namespace={"__module__": __name__},
+)
+DapQPress.__doc__ = f"""DapQ's pseudo-query eviction as a kvpress press.
+
+    Parameters
+    ----------
+    compression_ratio : float
+        Fraction of the context *removed* (kvpress's convention); dapq's ``keep_fraction`` is
+        ``1 - compression_ratio``.
+    tokenizer : optional
+        Needed for the text pseudo contents (``fixed``, the default, and ``text``).
+    preset : str, optional
+        ``"paper"``: the paper's recipe; parameters given next to it override it.
+    {", ".join(f.name for f in _DAPQ_PARAMS)}
+        DapQ's parameters (:class:`dapq.methods.dapq.DapQ`), with its defaults: the press takes
+        every one of them, by construction.
+    """

@@ -18,7 +18,8 @@ from . import (  # noqa: F401
     snapkv,
     streamingllm,
 )
-from .base import AttentionScoredMethod, LayerContext, Method
+from .base import ALL_PROMPT, AttentionScoredMethod, LayerContext, Method, Observation, param
 from .registry import available, build, method_class, register
 
-__all__ = ["AttentionScoredMethod", "LayerContext", "Method", "available", "build", "method_class", "register"]
+__all__ = ["ALL_PROMPT", "AttentionScoredMethod", "LayerContext", "Method", "Observation", "available", "build",
+           "method_class", "param", "register"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: The per-layer budget schedules every method accepts (``Method.layer_budget``).
+LAYER_BUDGETS = ("flat", "pyramid")
+
 
 def pyramid_budgets(budget: int, window: int, prompt_len: int, num_layers: int, beta: int = 20) -> list[int]:
     """KVCache-Factory's PyramidKV schedule, with the mean budget held exactly at ``budget``.

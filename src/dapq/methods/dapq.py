@@ -19,13 +19,11 @@ from typing import ClassVar
 import torch
 
 from ..errors import ConfigError
-from .base import AttentionScoredMethod
-from .budgets import pyramid_budgets
+from .base import NORMALIZE, AttentionScoredMethod, Observation, param
 from .registry import register
 
 CONTENTS = ("prefix_suffix", "random_sample", "random_span", "random_vocab", "fixed", "text", "tokens")
 DEFAULT_FIXED_TEXT = "Sorry, I don't know. "
-LAYER_BUDGETS = ("flat", "pyramid")
 
 # Table 10 of the paper: first 8 + last 24 prompt tokens for Llama models, 2 + 30 for Qwen.
 _PREFIX_SHARE = {"qwen2": 2 / 32, "qwen3": 2 / 32}
@@ -44,8 +42,8 @@ class DapQ(AttentionScoredMethod):
 
     Parameters
     ----------
-    window : int
-        N, the number of pseudo tokens (32 in the paper).
+    n_pseudo : int
+        N, the number of pseudo tokens (32 in the paper): the pseudo queries' observation window.
     content : str
         Pseudo-token content (paper Figure 4a / Table 10):
         ``prefix_suffix`` (Fm_Ln: first m + last n prompt tokens), ``random_sample`` (RS_C: N
@@ -68,100 +66,65 @@ class DapQ(AttentionScoredMethod):
         Last prompt tokens always kept (0 in the paper's recipe).
     normalize : {"prompt", "all"}
         Softmax over the prompt keys only, or over prompt plus (causally visible) pseudo keys.
-    layer_budget : {"flat", "pyramid"}
-        The same budget in every layer, or PyramidKV's schedule (Cai et al., 2024) with the same
-        mean, ``keep_recent`` playing the part of its window.
     seed : int
         Seed of the random content strategies.
+
+    ``layer_budget="pyramid"`` (every method's option) gives PyramidKV's schedule with the same
+    mean, ``keep_recent`` playing the part of its window.
     """
 
     name: ClassVar[str] = "dapq"
     paper: ClassVar[str] = "DapQ (Tian et al., 2026)"
-    query_source: ClassVar[str] = "pseudo"
-    #: Named parameter sets for ``build("dapq", preset=...)``. ``paper`` is the recipe of the
-    #: paper (Figure 1, Table 10): N = 32 pseudo tokens, first 8 + last 24 prompt tokens (2 + 30
-    #: for Qwen), positions Lp.., top-K of the pseudo queries' attention and nothing else kept;
-    #: the choices it leaves open are set as in SnapKV (max-pool 7, sum, GQA mean).
+    window_param: ClassVar[str] = "n_pseudo"
+    #: ``paper`` is the recipe of the paper (Figure 1, Table 10): N = 32 pseudo tokens, first 8 +
+    #: last 24 prompt tokens (2 + 30 for Qwen), positions Lp.., top-K of the pseudo queries'
+    #: attention and nothing else kept; the choices it leaves open are set as in SnapKV (max-pool
+    #: 7, sum, GQA mean).
     presets: ClassVar[dict[str, dict]] = {
-        "paper": dict(window=32, content="prefix_suffix", prefix=None, suffix=None, position_offset=0,
+        "paper": dict(n_pseudo=32, content="prefix_suffix", prefix=None, suffix=None, position_offset=0,
                       inside_part=None, keep_recent=0, normalize="prompt", layer_budget="flat", kernel=7,
                       pooling="max", query_reduce="sum", group_reduce="mean"),
     }
 
-    window: int = 32
-    content: str = "fixed"
-    prefix: int | None = None
-    suffix: int | None = None
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    position_offset: int = 0
-    inside_part: int | None = None
-    keep_recent: int = 0
-    normalize: str = "prompt"
-    layer_budget: str = "flat"
-    seed: int = 0
+    n_pseudo: int = param(32, ge=1)
+    content: str = param("fixed", choices=CONTENTS)
+    prefix: int | None = param(None, ge=0)
+    suffix: int | None = param(None, ge=0)
+    text: str | None = param(None)
+    token_ids: tuple[int, ...] | None = param(None)
+    position_offset: int = param(0, ge=0)
+    inside_part: int | None = param(None, choices=(1, 2, 3))
+    keep_recent: int = param(0, ge=0)
+    normalize: str = param("prompt", choices=NORMALIZE)
+    seed: int = param(0, ge=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window < 1:
-            raise ConfigError(f"window must be >= 1, got {self.window}")
-        if self.content not in CONTENTS:
-            raise ConfigError(f"unknown content {self.content!r}; choose from {', '.join(CONTENTS)}")
         if (self.prefix is None) != (self.suffix is None):
             raise ConfigError("give both prefix and suffix, or neither")
-        if self.prefix is not None and (self.prefix < 0 or self.suffix < 0 or self.prefix + self.suffix != self.window):
-            raise ConfigError(f"prefix + suffix must equal window ({self.window})")
+        if self.prefix is not None and self.prefix + self.suffix != self.n_pseudo:
+            raise ConfigError(f"prefix + suffix must equal n_pseudo ({self.n_pseudo})")
         if self.content == "text" and not self.text:
             raise ConfigError("content 'text' needs a non-empty text")
         if self.content == "tokens" and not self.token_ids:
             raise ConfigError("content 'tokens' needs token_ids")
-        if self.token_ids is not None:
-            self.token_ids = tuple(int(t) for t in self.token_ids)
-        if self.inside_part not in (None, 1, 2, 3):
-            raise ConfigError(f"inside_part must be 1, 2 or 3, got {self.inside_part}")
-        if self.position_offset < 0:
-            raise ConfigError("position_offset must be >= 0 (use inside_part for positions inside the context)")
-        if self.keep_recent < 0:
-            raise ConfigError("keep_recent must be >= 0")
-        if self.normalize not in ("prompt", "all"):
-            raise ConfigError(f"normalize must be 'prompt' or 'all', got {self.normalize!r}")
-        if self.layer_budget not in LAYER_BUDGETS:
-            raise ConfigError(f"layer_budget must be one of {', '.join(LAYER_BUDGETS)}, got {self.layer_budget!r}")
 
-    # --------------------------------------------------------------- engine hooks
-    @property
-    def recent(self) -> int:
-        return self.keep_recent
-
-    def num_queries(self, prompt_width: int) -> int:
-        return self.window
-
-    @property
-    def extra_tokens(self) -> int:
-        return self.window
-
-    def layer_budgets(self, prompt_len: int, num_layers: int) -> list[int]:
-        budget = self.prompt_budget(prompt_len)
-        if self.layer_budget == "flat":
-            return [budget] * num_layers
-        return pyramid_budgets(budget, min(self.keep_recent, budget), prompt_len, num_layers)
-
-    def normalise_over_extra(self) -> bool:
-        return self.normalize == "all"
+    def observation(self) -> Observation:
+        return Observation(pseudo_tokens=self.n_pseudo, keep_recent=self.keep_recent)
 
     # --------------------------------------------------------------- pseudo context
     def split(self, model_type: str) -> tuple[int, int]:
         """(m, n) of the Fm_Ln content for this model family."""
         if self.prefix is not None:
             return self.prefix, self.suffix
-        m = round(self.window * _PREFIX_SHARE.get(model_type, _DEFAULT_PREFIX_SHARE))
-        return m, self.window - m
+        m = round(self.n_pseudo * _PREFIX_SHARE.get(model_type, _DEFAULT_PREFIX_SHARE))
+        return m, self.n_pseudo - m
 
     def pseudo_tokens(
         self, prompt_ids: list[int], *, vocab_size: int, model_type: str, tokenizer=None, model=None
     ) -> list[int]:
         """The N pseudo-token ids for one prompt. Deterministic for (seed, prompt)."""
-        n = self.window
+        n = self.n_pseudo
         gen = torch.Generator().manual_seed(self.seed)
         length = len(prompt_ids)
         if self.content == "prefix_suffix":
@@ -195,7 +158,7 @@ class DapQ(AttentionScoredMethod):
             start = (self.inside_part - 1) * prompt_len // 3
         else:
             start = prompt_len + self.position_offset
-        return list(range(start, start + self.window))
+        return list(range(start, start + self.n_pseudo))
 
 
 def _fit(ids: list[int], n: int) -> list[int]:

@@ -17,8 +17,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from ..errors import ConfigError
-from .base import LayerContext
+from .base import LayerContext, Observation, param
 from .dapq import DapQ
 from .registry import register
 
@@ -26,11 +25,11 @@ from .registry import register
 @register
 @dataclass
 class DapQHybrid(DapQ):
-    """DapQ with SnapKV's last-``prompt_window`` prompt queries as a second observation window.
+    """DapQ with SnapKV's last-``window`` prompt queries as a second observation window.
 
     Parameters
     ----------
-    prompt_window : int
+    window : int
         W, the last prompt tokens whose queries also score the prompt (causally, as in SnapKV).
     prompt_weight : float
         alpha in [0, 1], the weight of the window's mean attention; ``1 - alpha`` goes to the
@@ -38,25 +37,17 @@ class DapQHybrid(DapQ):
         The default 0.75 recovered the most needle digits of 0.25 / 0.5 / 0.75 in the tuning
         sweep (exact match tied; docs/results/tuning).
 
-    Every DapQ parameter (content, window N, keep_recent, pooling, ...) keeps its meaning.
+    Every DapQ parameter (content, n_pseudo, keep_recent, pooling, ...) keeps its meaning.
     """
 
     name: ClassVar[str] = "dapq_hybrid"
     paper: ClassVar[str] = "variant: DapQ pseudo queries + SnapKV window"
 
-    prompt_window: int = 8
-    prompt_weight: float = 0.75
+    window: int = param(8, ge=1)
+    prompt_weight: float = param(0.75, ge=0.0, le=1.0)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.prompt_window < 1:
-            raise ConfigError(f"prompt_window must be >= 1, got {self.prompt_window}")
-        if not 0.0 <= self.prompt_weight <= 1.0:
-            raise ConfigError(f"prompt_weight must lie in [0, 1], got {self.prompt_weight}")
-
-    def num_queries(self, prompt_width: int) -> int:
-        return min(self.prompt_window, prompt_width) + self.window
+    def observation(self) -> Observation:
+        return Observation(prompt_tail=self.window, pseudo_tokens=self.n_pseudo, keep_recent=self.keep_recent)
 
     def importance(self, ctx: LayerContext) -> Tensor:
-        # The engine hands the window's queries first, then the pseudo queries (physical order).
-        return self.mixed_scores(ctx, ctx.queries.shape[2] - self.window, self.prompt_weight)
+        return self.mixed_scores(ctx, self.prompt_weight)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Method
+from torch import Tensor
+
+from .base import LayerContext, Method
 from .registry import register
 
 
@@ -16,7 +18,7 @@ class FullKV(Method):
 
     name: ClassVar[str] = "full"
     paper: ClassVar[str] = "-"
+    evicts: ClassVar[bool] = False
 
-    @property
-    def evicts(self) -> bool:
-        return False
+    def score(self, ctx: LayerContext) -> Tensor:
+        raise TypeError("FullKV keeps everything: the engine never scores it")

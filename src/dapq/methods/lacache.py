@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .base import LayerContext, Method
+from .base import LayerContext, Method, param
 from .registry import register
 
 
@@ -34,7 +34,7 @@ class LaCache(Method):
 
     The original compacts again after every decode step and re-rotates keys to cache slots; this
     is the one-shot variant the DapQ paper compares against. The cache of every layer is
-    ``sinks`` first tokens + a laddered middle + the ``recent`` last tokens; all heads of a layer
+    ``sinks`` first tokens + a laddered middle + the ``keep_recent`` last tokens; all heads of a layer
     keep the same tokens and no attention scores are used.
 
     Parameters
@@ -45,25 +45,21 @@ class LaCache(Method):
         Overlap O between consecutive rungs (default: S // 4).
     sinks : int
         First tokens always kept.
-    recent : int
+    keep_recent : int
         Last tokens always kept.
     """
 
     name: ClassVar[str] = "lacache"
     paper: ClassVar[str] = "LaCache (Shi et al., 2025)"
 
-    span: int | None = None
-    overlap: int | None = None
-    sinks: int = 4
-    recent_tokens: int = 16
+    span: int | None = param(None, ge=1)
+    overlap: int | None = param(None, ge=0)
+    sinks: int = param(4, ge=0)
+    keep_recent: int = param(16, ge=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.sinks < 0 or self.recent_tokens < 0:
-            raise ConfigError("sinks and recent_tokens must be >= 0")
-        if self.span is not None and self.span < 1:
-            raise ConfigError(f"span must be >= 1, got {self.span}")
-        if self.span is not None and self.overlap is not None and not 0 <= self.overlap < self.span:
+        if self.span is not None and self.overlap is not None and not self.overlap < self.span:
             raise ConfigError("overlap must satisfy 0 <= overlap < span")
 
     def _shape(self, num_layers: int) -> tuple[int, int]:
@@ -78,11 +74,11 @@ class LaCache(Method):
         lengths = ctx.prompt_lengths[:, None]
         # Distance from the start of the recent tail, counted backwards: the ladder is laid from
         # the tail towards the sinks, so the rungs nearest the question are kept first.
-        dist = (lengths - self.recent_tokens - 1 - pos).float()
+        dist = (lengths - self.keep_recent - 1 - pos).float()
         in_block = torch.remainder(dist, block)
         on_rung = (in_block >= start) & (in_block < start + keep)
         # Order: sinks, recent tail, ladder rungs nearest first, then the rest nearest first.
         scores = torch.where(on_rung, 2.0**22 - dist, -dist)
-        scores = torch.where(pos >= lengths - self.recent_tokens, 2.0**23 + pos.float(), scores)
+        scores = torch.where(pos >= lengths - self.keep_recent, 2.0**23 + pos.float(), scores)
         scores = torch.where(pos < self.sinks, torch.full_like(scores, 2.0**24), scores)
         return scores[:, None, :].expand(-1, ctx.n_kv_heads, -1)

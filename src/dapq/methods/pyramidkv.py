@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import ConfigError
-from .budgets import pyramid_budgets
+from .base import param
+from .budgets import LAYER_BUDGETS
 from .registry import register
 from .snapkv import SnapKV
 
@@ -16,22 +16,11 @@ from .snapkv import SnapKV
 class PyramidKV(SnapKV):
     """PyramidKV: SnapKV's selection, with the budget funnelled from lower to upper layers.
 
-    Parameters
-    ----------
-    beta : int
-        Steepness of the pyramid (20 in the paper and KVCache-Factory).
+    The schedule is the one every method accepts (``layer_budget="pyramid"``, steepness
+    ``pyramid_beta``, 20 in the paper and KVCache-Factory); PyramidKV is SnapKV with it on.
     """
 
     name: ClassVar[str] = "pyramidkv"
     paper: ClassVar[str] = "PyramidKV (Cai et al., 2024)"
 
-    beta: int = 20
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.beta < 1:
-            raise ConfigError(f"beta must be >= 1, got {self.beta}")
-
-    def layer_budgets(self, prompt_len: int, num_layers: int) -> list[int]:
-        budget = self.prompt_budget(prompt_len)
-        return pyramid_budgets(budget, min(self.window, budget), prompt_len, num_layers, self.beta)
+    layer_budget: str = param("pyramid", choices=LAYER_BUDGETS)

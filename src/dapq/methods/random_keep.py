@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from .base import LayerContext, Method
+from .base import LayerContext, Method, param
 from .registry import register
 
 
@@ -24,7 +24,7 @@ class RandomKeep(Method):
     name: ClassVar[str] = "random"
     paper: ClassVar[str] = "-"
 
-    seed: int = 0
+    seed: int = param(0, ge=0)
 
     def score(self, ctx: LayerContext) -> Tensor:
         gen = torch.Generator().manual_seed(self.seed * 100_003 + ctx.layer_idx)

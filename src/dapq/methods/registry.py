@@ -55,27 +55,25 @@ def build_from_options(
     name: str,
     *,
     budget: int | None = None,
-    ratio: float | None = None,
+    keep_fraction: float | None = None,
     window: int | None = None,
     content: str | None = None,
     preset: str | None = None,
 ):
     """Build a method from command-line options, rejecting options the method does not take.
 
-    ``content="text:YOUR TEXT"`` is DapQ's user-supplied pseudo context. Used by ``dapq generate``
-    and by bulk generation's defaults.
+    ``window`` is an observation window (SnapKV's W); ``content="text:YOUR TEXT"`` is DapQ's
+    user-supplied pseudo context. Used by ``dapq generate`` and by bulk generation's defaults.
     """
     cls = method_class(name)
     params: dict = {} if preset is None else {"preset": preset}
     if budget is not None:
         params["budget"] = budget
-    if ratio is not None:
-        params["ratio"] = ratio
+    if keep_fraction is not None:
+        params["keep_fraction"] = keep_fraction
     if window is not None:
-        if window < 1:
-            raise ConfigError(f"window must be >= 1, got {window}")
         if "window" not in cls.field_names():
-            raise ConfigError(f"method {name!r} has no window")
+            raise ConfigError(f"method {name!r} has no observation window")
         params["window"] = window
     if content is not None:
         if "content" not in cls.field_names():
@@ -84,6 +82,6 @@ def build_from_options(
             params.update(content="text", text=content[len("text:") :])
         else:
             params["content"] = content
-    if cls.name != "full" and budget is None and ratio is None:
-        raise ConfigError(f"method {name!r} needs --budget or --ratio")
+    if cls.evicts and budget is None and keep_fraction is None:
+        raise ConfigError(f"method {name!r} needs --budget or --keep-fraction")
     return build(name, **params)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import ConfigError
-from .base import AttentionScoredMethod
+from .base import AttentionScoredMethod, Observation, param
 from .registry import register
 
 
@@ -27,18 +26,9 @@ class SnapKV(AttentionScoredMethod):
 
     name: ClassVar[str] = "snapkv"
     paper: ClassVar[str] = "SnapKV (Li et al., 2024)"
-    query_source: ClassVar[str] = "suffix"
+    window_param: ClassVar[str] = "window"
 
-    window: int = 8
+    window: int = param(8, ge=1)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.window < 1:
-            raise ConfigError(f"window must be >= 1, got {self.window}")
-
-    def num_queries(self, prompt_width: int) -> int:
-        return min(self.window, prompt_width)
-
-    @property
-    def recent(self) -> int:
-        return self.window
+    def observation(self) -> Observation:
+        return Observation(prompt_tail=self.window, keep_recent=self.window)

@@ -8,8 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
-from .base import LayerContext, Method
+from .base import LayerContext, Method, param
 from .registry import register
 
 
@@ -27,12 +26,7 @@ class StreamingLLM(Method):
     name: ClassVar[str] = "streamingllm"
     paper: ClassVar[str] = "StreamingLLM (Xiao et al., 2024)"
 
-    sinks: int = 4
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.sinks < 0:
-            raise ConfigError(f"sinks must be >= 0, got {self.sinks}")
+    sinks: int = param(4, ge=0)
 
     def score(self, ctx: LayerContext) -> Tensor:
         pos = ctx.positions.float()
