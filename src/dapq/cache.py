@@ -52,10 +52,12 @@ class CompressedLayer(DynamicLayer):
         (B,) real prompt length of each row.
     prompt_width : int
         P, the padded prompt width the slots were selected from.
+    prompt_slots : int, optional
+        C, when ``keys`` already holds appended columns (default: all of ``keys`` is prompt).
     """
 
     def __init__(self, keys: Tensor, values: Tensor, *, kept_indices: Tensor | None, pad_slots: Tensor,
-                 prompt_lengths: Tensor, prompt_width: int):
+                 prompt_lengths: Tensor, prompt_width: int, prompt_slots: int | None = None):
         super().__init__()
         self.keys, self.values = keys, values
         self.dtype, self.device = keys.dtype, keys.device
@@ -64,7 +66,7 @@ class CompressedLayer(DynamicLayer):
         self.pad_slots = pad_slots
         self.prompt_lengths = prompt_lengths
         self.prompt_width = prompt_width
-        self.prompt_slots = keys.shape[2]
+        self.prompt_slots = keys.shape[2] if prompt_slots is None else prompt_slots
         """C, the physical prompt slots of this layer."""
 
     @classmethod
@@ -130,7 +132,7 @@ class CompressedLayer(DynamicLayer):
         pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
         return CompressedLayer(self.keys[rows], self.values[rows], kept_indices=pick(self.kept_indices),
                                pad_slots=pick(self.pad_slots), prompt_lengths=pick(self.prompt_lengths),
-                               prompt_width=self.prompt_width)
+                               prompt_width=self.prompt_width, prompt_slots=self.prompt_slots)
 
     @classmethod
     def stack(cls, layers: Sequence[CompressedLayer]) -> CompressedLayer:
@@ -142,7 +144,66 @@ class CompressedLayer(DynamicLayer):
         return cls(torch.cat([lay.keys for lay in layers]), torch.cat([lay.values for lay in layers]),
                    kept_indices=torch.cat([lay.indices() for lay in layers]) if evicted else None,
                    pad_slots=torch.cat([lay.pad_slots for lay in layers]),
-                   prompt_lengths=torch.cat([lay.prompt_lengths for lay in layers]), prompt_width=first.prompt_width)
+                   prompt_lengths=torch.cat([lay.prompt_lengths for lay in layers]), prompt_width=first.prompt_width,
+                   prompt_slots=first.prompt_slots)
+
+    def reserve(self, columns: int) -> CompressedLayer:
+        """This layer with room for ``columns`` more appended columns written in place (:class:`PreallocatedLayer`)."""
+        return PreallocatedLayer(self, columns)
+
+
+class PreallocatedLayer(CompressedLayer):
+    """A compressed layer whose buffers are sized once, kept slots + new columns, and written in place.
+
+    The same state as :class:`CompressedLayer`; only the storage differs. ``update`` copies the new
+    keys and values into the next free columns of two buffers allocated once, instead of
+    concatenating (a ``torch.cat`` per step copies the whole cache, which is what keeps a
+    growing cache's decode from scaling with the batch). ``keys``/``values`` are views of the
+    filled part, so attention reads exactly what the growing layer would hold. Past its capacity
+    it grows by doubling, so a wrong estimate costs time, never a result.
+
+    Parameters
+    ----------
+    layer : CompressedLayer
+        The layer to move into the buffers (copied once).
+    columns : int
+        Columns to reserve after what ``layer`` already holds.
+    """
+
+    def __init__(self, layer: CompressedLayer, columns: int):
+        filled = layer.keys.shape[2]
+        self._k = _buffer(layer.keys, filled + columns)
+        self._v = _buffer(layer.values, filled + columns)
+        super().__init__(self._k[:, :, :filled], self._v[:, :, :filled], kept_indices=layer.kept_indices,
+                         pad_slots=layer.pad_slots, prompt_lengths=layer.prompt_lengths,
+                         prompt_width=layer.prompt_width, prompt_slots=layer.prompt_slots)
+
+    @property
+    def capacity(self) -> int:
+        return self._k.shape[2]
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        start = self.keys.shape[2]
+        end = start + key_states.shape[2]
+        if end > self.capacity:
+            self._k, self._v = _buffer(self.keys, 2 * end), _buffer(self.values, 2 * end)
+        self._k[:, :, start:end].copy_(key_states)
+        self._v[:, :, start:end].copy_(value_states)
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+    def reserve(self, columns: int) -> CompressedLayer:
+        if self.keys.shape[2] + columns <= self.capacity:
+            return self
+        return PreallocatedLayer(self, columns)
+
+
+def _buffer(filled: Tensor, capacity: int) -> Tensor:
+    """A (B, H, capacity, d) buffer whose first columns hold ``filled``."""
+    bsz, heads, n, dim = filled.shape
+    out = filled.new_empty(bsz, heads, capacity, dim)
+    out[:, :, :n].copy_(filled)
+    return out
 
 
 class CompressedCache(DynamicCache):
@@ -186,6 +247,10 @@ class CompressedCache(DynamicCache):
         out = CompressedCache([layer.select(index) for layer in self.layers], stats)
         out.stats.kv_bytes_kept = out.kv_bytes()
         return out
+
+    def reserve(self, columns: int) -> None:
+        """Give every layer room for ``columns`` appended columns, written in place from now on."""
+        self.layers = [layer.reserve(columns) for layer in self.layers]
 
     def kept_per_layer(self) -> list[int]:
         """Physical prompt slots per KV head, per layer."""

@@ -158,7 +158,7 @@ def answer(model, tokenizer, state: PrefillResult, question_ids: Sequence[Sequen
     if len(question_ids) != rows:
         raise DapqError(f"{len(question_ids)} questions for {rows} context rows")
     ids, valid = question_block(question_ids, pad_token_id(tokenizer), model.device)
-    with DecodeStepper(model, state, ids.shape[1] + cfg.max_new_tokens) as stepper:
+    with DecodeStepper(model, state, ids.shape[1] + cfg.max_new_tokens, decode=cfg.decode) as stepper:
         start = time.perf_counter()
         logits = stepper.extend(ids, valid)
         if model.device.type == "cuda":

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import compat
 from .cache import CompressedCache
+from .errors import ConfigError
 from .models import AttentionHooks
 from .state import PrefillResult
 
@@ -61,6 +62,21 @@ class _PerLayerMasks(AttentionHooks):
         return args, kwargs
 
 
+#: How new columns are stored: ``static`` writes them in place into buffers sized once (kept
+#: slots + the steps asked for, :class:`~dapq.cache.PreallocatedLayer`); ``eager`` grows each
+#: layer by concatenation, as transformers' ``DynamicLayer`` does (the path of dapq <= 0.1).
+DECODE_MODES = ("static", "eager")
+
+
+def resolve_decode(mode: str | None) -> str:
+    """The decode mode to use: ``None``/``"auto"`` is ``static`` on every device (measured faster)."""
+    if mode in (None, "auto"):
+        return "static"
+    if mode not in DECODE_MODES:
+        raise ConfigError(f"decode must be one of auto, {', '.join(DECODE_MODES)}, got {mode!r}")
+    return mode
+
+
 class DecodeStepper:
     """Feeds new tokens over a compressed cache at their original positions.
 
@@ -76,12 +92,17 @@ class DecodeStepper:
     model, state
         The model and a compressed state (cache, batch).
     max_steps : int
-        Columns to reserve in the logical mask (it grows if more are fed).
+        Columns to reserve in the logical mask and, with ``decode="static"``, in every layer's
+        buffers (both grow if more are fed).
+    decode : {"auto", "static", "eager"}
+        How new columns are stored (:data:`DECODE_MODES`).
     """
 
-    def __init__(self, model, state: PrefillResult, max_steps: int = 0):
+    def __init__(self, model, state: PrefillResult, max_steps: int = 0, decode: str | None = "auto"):
         self.model = model
         self.cache = state.cache
+        if resolve_decode(decode) == "static":
+            self.cache.reserve(max_steps)
         batch = state.batch
         self.width = batch.width
         self.columns = batch.width  # logical columns the cache holds

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .cache import clone_cache
 from .compress import compress, make_batch, prefill
-from .decoding import DecodeStepper
+from .decoding import DecodeStepper, resolve_decode
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
@@ -24,7 +24,7 @@ from .state import PrefillResult
 
 @dataclass
 class SamplingConfig:
-    """How new tokens are chosen and when generation stops.
+    """How new tokens are chosen, how the decode stores them, and when generation stops.
 
     Parameters
     ----------
@@ -38,6 +38,10 @@ class SamplingConfig:
         Seed of the sampler.
     stop : tuple of str
         Stop strings; the text is cut before the first one.
+    decode : {"auto", "static", "eager"}
+        How the decode stores new keys and values (:data:`dapq.decoding.DECODE_MODES`): written
+        in place into buffers sized once (``static``, the default) or concatenated per step
+        (``eager``). The tokens are the same.
     """
 
     max_new_tokens: int = 64
@@ -47,8 +51,10 @@ class SamplingConfig:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    decode: str = "auto"
 
     def __post_init__(self) -> None:
+        self.decode = resolve_decode(self.decode)
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be >= 1")
         if self.temperature <= 0:
@@ -144,7 +150,7 @@ def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) ->
 @torch.no_grad()
 def decode(model, tokenizer, state: PrefillResult, cfg: SamplingConfig) -> tuple[list[list[int]], list[str], float]:
     """Generate from a compressed cache. Returns token ids, finish reasons and decode seconds."""
-    with DecodeStepper(model, state, cfg.max_new_tokens) as stepper:
+    with DecodeStepper(model, state, cfg.max_new_tokens, decode=cfg.decode) as stepper:
         return sample_loop(model, tokenizer, stepper, state.logits, cfg)
 
 
@@ -343,7 +349,8 @@ def generate_many(
         for start in range(0, len(members), max_batch):
             chunk = members[start : start + max_batch]
             stacked = PrefillResult.stack([states[i] for i in chunk])
-            with DecodeStepper(model, stacked, len(question) + sampling.max_new_tokens) as stepper:
+            with DecodeStepper(model, stacked, len(question) + sampling.max_new_tokens,
+                               decode=sampling.decode) as stepper:
                 start = time.perf_counter()
                 logits = stepper.extend(torch.tensor([question] * len(chunk), device=model.device)) if question \
                     else stacked.logits
