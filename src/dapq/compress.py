@@ -122,17 +122,19 @@ class _EvictionHooks(AttentionHooks):
         self.slots = self.kept.max(dim=0).values.tolist()
         self.valid = batch.attention_mask.bool()
         self.positions = torch.where(self.valid[:, : batch.width], batch.position_ids[:, : batch.width], -1)
-        self.compress_s = 0.0
-        self._sync = model.device.type == "cuda"
+        # Decided once per forward, on the host, so that no layer waits on the device for them.
+        self.padded = not bool(self.valid.all())
+        self.whole = (self.kept == batch.prompt_lengths[:, None]).all(dim=0).tolist()  # (L,) nothing to evict
+        self.timer = _StepTimer(model.device)
+
+    @property
+    def compress_s(self) -> float:
+        return self.timer.seconds()
 
     def _hook(self, module, args, kwargs, output):
-        if self._sync:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        self.apply(module, compat.layer_cache(module, kwargs), kwargs["hidden_states"], kwargs["position_embeddings"])
-        if self._sync:
-            torch.cuda.synchronize()
-        self.compress_s += time.perf_counter() - start
+        with self.timer:
+            self.apply(module, compat.layer_cache(module, kwargs), kwargs["hidden_states"],
+                       kwargs["position_embeddings"])
 
     def context(self, attn, keys: Tensor, hidden_states, position_embeddings) -> LayerContext:
         """The :class:`LayerContext` of one layer: its keys and the method's observation queries."""
@@ -143,13 +145,13 @@ class _EvictionHooks(AttentionHooks):
         if n_queries:
             cos, sin = position_embeddings
             queries = project_queries(attn, hidden_states[:, -n_queries:], cos[:, -n_queries:], sin[:, -n_queries:])
-            query_cols = torch.arange(n_cols - n_queries, n_cols, device=keys.device)
+            query_cols = range(n_cols - n_queries, n_cols)
             query_valid = self.valid[:, n_cols - n_queries : n_cols]
         return LayerContext(
             layer_idx=attn.layer_idx, num_layers=len(self.slots), keys=keys, queries=queries, query_cols=query_cols,
             query_valid=query_valid, valid=self.valid[:, :n_cols], positions=self.positions,
             prompt_lengths=self.batch.prompt_lengths, width=width, scaling=attn.scaling,
-            model_type=self.model.config.model_type, n_tail=self.observation.tail(width),
+            model_type=self.model.config.model_type, n_tail=self.observation.tail(width), padded=self.padded,
         )
 
     @torch.no_grad()
@@ -159,7 +161,7 @@ class _EvictionHooks(AttentionHooks):
         layer = cache.layers[layer_idx]
         width, lengths = self.batch.width, self.batch.prompt_lengths
         kept = self.kept[:, layer_idx]
-        if not self.method.evicts or bool((kept == lengths).all()):
+        if not self.method.evicts or self.whole[layer_idx]:
             # Nothing to evict in this layer: only drop the extra (pseudo) columns.
             cache.layers[layer_idx] = CompressedLayer.whole(layer.keys[:, :, :width], layer.values[:, :, :width],
                                                             lengths)
@@ -171,6 +173,39 @@ class _EvictionHooks(AttentionHooks):
         keys, values = gather_slots(layer.keys, layer.values, width, indices)
         cache.layers[layer_idx] = CompressedLayer(keys, values, kept_indices=indices, pad_slots=pad_slots,
                                                   prompt_lengths=lengths, prompt_width=width)
+
+
+class _StepTimer:
+    """Seconds spent inside ``with`` blocks. On CUDA it records events instead of synchronizing, so
+    timing the per-layer compression does not stall the prefill it runs in; the one sync happens
+    when :meth:`seconds` is read, after the forward."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.events: list = []
+        self.total = 0.0
+
+    def __enter__(self):
+        if self.cuda:
+            self.events.append(torch.cuda.Event(enable_timing=True))
+            self.events[-1].record()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.events.append(torch.cuda.Event(enable_timing=True))
+            self.events[-1].record()
+        else:
+            self.total += time.perf_counter() - self._start
+
+    def seconds(self) -> float:
+        if self.cuda and self.events:
+            self.events[-1].synchronize()
+            self.total += sum(a.elapsed_time(b) for a, b in zip(self.events[::2], self.events[1::2], strict=True)) / 1e3
+            self.events = []
+        return self.total
 
 
 def _budgets(model, method: Method, batch: PromptBatch) -> Tensor:

@@ -73,8 +73,8 @@ def attention_scores(
     queries: Tensor,
     keys: Tensor,
     *,
-    query_cols: Tensor,
-    key_valid: Tensor,
+    query_cols: range | Tensor,
+    key_valid: Tensor | None,
     scaling: float,
     n_scored: int,
     query_reduce: str = "sum",
@@ -89,11 +89,12 @@ def attention_scores(
         (B, Hq, Q, d) post-RoPE queries.
     keys : Tensor
         (B, Hkv, S, d) post-RoPE keys, physical column ``j`` of the forward pass at index ``j``.
-    query_cols : Tensor
-        (Q,) physical column of each query. Attention is causal in physical order: a query at
-        column ``c`` sees keys ``j <= c``. That is the mask the model used in prefill.
-    key_valid : Tensor
-        (B, S) bool; False for padding.
+    query_cols : range or Tensor
+        Physical column of each query. Attention is causal in physical order: a query at column
+        ``c`` sees keys ``j <= c``. That is the mask the model used in prefill. A ``range`` (what
+        the engine passes) costs no device-to-host copy; a tensor costs one.
+    key_valid : Tensor, optional
+        (B, S) bool; False for padding. None when every key is real (no mask, no host sync).
     scaling : float
         The model's softmax scale (``1/sqrt(d)``).
     n_scored : int
@@ -104,7 +105,7 @@ def attention_scores(
         How the Q distributions are combined (SnapKV sums, kvpress averages; for top-k the two are
         equivalent).
     query_valid : Tensor, optional
-        (B, Q) bool; queries at padding columns are ignored.
+        (B, Q) bool; queries at padding columns are ignored. None when every query is real.
     block_size : int
         Queries are processed in blocks so that memory stays O(block_size * S), never O(S^2),
         which matters for H2O where every prompt token is a query.
@@ -123,8 +124,10 @@ def attention_scores(
     # last kept slots would be rounded away.
     k32 = keys.float().transpose(-1, -2)  # (B, Hkv, d, S)
     key_cols = torch.arange(n_keys, device=keys.device)
-    query_cols = query_cols.to(keys.device)
-    all_keys_valid = bool(key_valid.all())
+    # Column bounds are decided on the host: one copy here instead of a device sync per block.
+    query_cols = query_cols if isinstance(query_cols, range) else query_cols.tolist()
+    if key_valid is not None and bool(key_valid.all()):
+        key_valid = None
     if query_valid is not None and bool(query_valid.all()):
         query_valid = None  # an unpadded batch: plain reductions are cheaper than weighted ones
     acc = torch.zeros(bsz, n_kv_heads, group, n_scored, device=keys.device)
@@ -134,7 +137,7 @@ def attention_scores(
         cols = query_cols[start:stop]
         # Keys after the block's last query are invisible to all of it: skip them, which halves
         # the work of H2O's causal column sums.
-        horizon = min(n_keys, int(cols.max()) + 1)
+        horizon = min(n_keys, max(cols) + 1)
         # GQA: fold the G query heads of a group into the query axis, so one plain batched matmul
         # per KV head does the work (a broadcast over a group axis costs ~3x on the CPU) and no
         # repeat_kv copy of the keys is made.
@@ -142,9 +145,12 @@ def attention_scores(
         logits = torch.matmul(q, k32[..., :horizon]).mul_(scaling).view(bsz, n_kv_heads, group, b, horizon)
         # Masking costs as much as the softmax; skip it when every query of the block sees every
         # key (DapQ's pseudo queries over the keys of an unpadded prompt).
-        masked = not all_keys_valid or int(cols.min()) < horizon - 1
+        masked = key_valid is not None or min(cols) < horizon - 1
         if masked:
-            visible = key_valid[:, None, None, None, :horizon] & (key_cols[None, :horizon] <= cols[:, None])
+            cols_t = torch.as_tensor(list(cols), device=keys.device)
+            visible = (key_cols[None, :horizon] <= cols_t[:, None])[None, None, None]
+            if key_valid is not None:
+                visible = visible & key_valid[:, None, None, None, :horizon]
             logits.masked_fill_(~visible, float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if masked:

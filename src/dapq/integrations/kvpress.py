@@ -107,12 +107,12 @@ class _DapQPressBody:
         device = keys.device
         ctx = LayerContext(
             layer_idx=module.layer_idx, num_layers=module.config.num_hidden_layers, keys=keys, queries=queries,
-            query_cols=torch.arange(n_cols - n_pseudo, n_cols, device=device),
+            query_cols=range(n_cols - n_pseudo, n_cols),
             query_valid=torch.ones(bsz, n_pseudo, dtype=torch.bool, device=device),
             valid=torch.ones(bsz, n_cols, dtype=torch.bool, device=device),
             positions=torch.arange(width, device=device)[None].expand(bsz, -1),
             prompt_lengths=torch.full((bsz,), width, device=device), width=width, scaling=module.scaling,
-            model_type=module.config.model_type,
+            model_type=module.config.model_type, padded=False,
         )
         n_kept = compute_n_kept(width, self.compression_ratio)
         kept = torch.full((bsz,), n_kept, device=device)

@@ -119,8 +119,8 @@ class LayerContext:
     """(B, Hkv, S, d) post-RoPE keys of this forward pass; prompt keys are columns ``[:P]``."""
     queries: Tensor | None
     """(B, Hq, Q, d) post-RoPE observation queries (see :class:`Observation` for their order), or None."""
-    query_cols: Tensor | None
-    """(Q,) physical column of each observation query (the causal order of the prefill)."""
+    query_cols: range | None
+    """Physical column of each observation query (the causal order of the prefill)."""
     query_valid: Tensor | None
     """(B, Q) bool, False for queries at padding columns."""
     valid: Tensor
@@ -135,6 +135,8 @@ class LayerContext:
     model_type: str
     n_tail: int = 0
     """How many of the queries are the prompt's own last tokens; the rest come after the prompt."""
+    padded: bool = True
+    """False when no row of the batch has padding: scoring then skips every mask."""
 
     @property
     def n_kv_heads(self) -> int:
@@ -321,11 +323,11 @@ class AttentionScoredMethod(Method):
             ctx.queries[:, :, queries],
             ctx.keys[:, :, :n_keys],
             query_cols=ctx.query_cols[queries],
-            key_valid=ctx.valid[:, :n_keys],
+            key_valid=ctx.valid[:, :n_keys] if ctx.padded else None,
             scaling=ctx.scaling,
             n_scored=ctx.width,
             query_reduce=reduce or self.query_reduce,
-            query_valid=None if ctx.query_valid is None else ctx.query_valid[:, queries],
+            query_valid=None if ctx.query_valid is None or not ctx.padded else ctx.query_valid[:, queries],
         )
 
     def mixed_scores(self, ctx: LayerContext, weight: float) -> Tensor:
