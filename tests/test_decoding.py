@@ -16,6 +16,9 @@ from dapq.methods import available, build
 from conftest import TOKENIZER, random_prompt
 
 NEW = 12
+#: On the CPU ``graph`` runs its fixed-shape step uncaptured: the shapes, masks and in-place
+#: writes a CUDA graph would replay, checked against the other modes.
+MODES = ("eager", "static", "graph")
 
 
 def _method(name: str, budget: int = 20):
@@ -28,8 +31,9 @@ def test_static_decode_gives_the_eager_tokens_on_a_mixed_batch(llama, name):
     llama.generation_config.eos_token_id = None
     prompts = [random_prompt(n, seed=30 + n) for n in (45, 28, 61)]
     runs = {mode: generate(llama, TOKENIZER, None, _method(name), prompt_ids=prompts, max_new_tokens=NEW,
-                           decode=mode) for mode in ("eager", "static")}
-    assert [r.token_ids for r in runs["static"]] == [r.token_ids for r in runs["eager"]]
+                           decode=mode) for mode in MODES}
+    for mode in ("static", "graph"):
+        assert [r.token_ids for r in runs[mode]] == [r.token_ids for r in runs["eager"]], mode
     assert all(len(r.token_ids) == NEW for r in runs["static"])
 
 
@@ -39,9 +43,9 @@ def test_static_decode_on_per_layer_and_ratio_layouts(llama, kw):
     llama.generation_config.eos_token_id = None
     prompts = [random_prompt(n, seed=50 + n) for n in (60, 33)]
     method = build("pyramidkv", **kw)
-    eager, static = (generate(llama, TOKENIZER, None, method, prompt_ids=prompts, max_new_tokens=NEW, decode=mode)
-                     for mode in ("eager", "static"))
-    assert [r.token_ids for r in static] == [r.token_ids for r in eager]
+    eager, static, graph = (generate(llama, TOKENIZER, None, method, prompt_ids=prompts, max_new_tokens=NEW,
+                                     decode=mode) for mode in MODES)
+    assert [r.token_ids for r in static] == [r.token_ids for r in eager] == [r.token_ids for r in graph]
 
 
 def test_static_decode_in_context_mode_with_several_questions(llama):
@@ -51,17 +55,18 @@ def test_static_decode_in_context_mode_with_several_questions(llama):
     for name in ("dapq", "deferkv", "pyramidkv"):
         ctx = compress_context(llama, TOKENIZER, [], build(name, budget=16), context_ids=[context])
         answers = {mode: ask(llama, TOKENIZER, ctx, [], question_ids=questions, max_new_tokens=NEW, decode=mode)
-                   for mode in ("eager", "static")}
-        assert [a.token_ids for a in answers["static"]] == [a.token_ids for a in answers["eager"]], name
+                   for mode in MODES}
+        for mode in ("static", "graph"):
+            assert [a.token_ids for a in answers[mode]] == [a.token_ids for a in answers["eager"]], (name, mode)
 
 
 def test_static_decode_in_shared_prefill_sweeps(llama):
     llama.generation_config.eos_token_id = None
     prompt = random_prompt(64, seed=8)
     methods = [_method(n, 16) for n in ("full", "dapq", "snapkv", "deferkv", "streamingllm")]
-    eager, static = (generate_many(llama, TOKENIZER, prompt, methods, max_new_tokens=NEW, decode=mode, max_batch=2)
-                     for mode in ("eager", "static"))
-    assert [r.token_ids for r in static] == [r.token_ids for r in eager]
+    eager, static, graph = (generate_many(llama, TOKENIZER, prompt, methods, max_new_tokens=NEW, decode=mode,
+                                          max_batch=2) for mode in MODES)
+    assert [r.token_ids for r in static] == [r.token_ids for r in eager] == [r.token_ids for r in graph]
 
 
 def test_hf_generate_continues_a_preallocated_cache(llama):
@@ -99,5 +104,18 @@ def test_preallocated_layer_writes_in_place_and_grows_past_its_capacity(llama):
 
 
 def test_unknown_decode_mode_is_a_config_error():
-    with pytest.raises(ConfigError, match="decode must be one of auto, static, eager"):
+    with pytest.raises(ConfigError, match="decode must be one of auto, static, graph, eager"):
         SamplingConfig(decode="graphs")
+
+
+def test_graph_mode_refuses_flash_attention_and_overfeeding(llama):
+    method = build("snapkv", budget=8)
+    state = prefill(llama, method, make_batch(llama, method, [random_prompt(30, seed=2)], pad_id=0))
+    from dapq.decoding import DecodeStepper
+
+    with DecodeStepper(llama, state, 2, decode="graph") as step:
+        token = state.logits.argmax(-1)
+        step(token)
+        step(token)
+        with pytest.raises(ValueError, match="reserved 2 columns"):
+            step(token)

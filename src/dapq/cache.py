@@ -177,12 +177,25 @@ class PreallocatedLayer(CompressedLayer):
         super().__init__(self._k[:, :, :filled], self._v[:, :, :filled], kept_indices=layer.kept_indices,
                          pad_slots=layer.pad_slots, prompt_lengths=layer.prompt_lengths,
                          prompt_width=layer.prompt_width, prompt_slots=layer.prompt_slots)
+        self.write_cols: Tensor | None = None
+        """Fixed-shape mode (CUDA graphs): the physical columns the next ``update`` writes, on the
+        device; ``update`` then returns the whole buffers, whose unwritten columns the caller masks."""
 
     @property
     def capacity(self) -> int:
         return self._k.shape[2]
 
+    def advance(self, columns: int) -> None:
+        """Fixed-shape mode: count ``columns`` more as written (the views and the logical length)."""
+        end = self.keys.shape[2] + columns
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if self.write_cols is not None:
+            # Shapes never change, so a captured decode step replays with new columns each time.
+            self._k.index_copy_(2, self.write_cols, key_states)
+            self._v.index_copy_(2, self.write_cols, value_states)
+            return self._k, self._v
         start = self.keys.shape[2]
         end = start + key_states.shape[2]
         if end > self.capacity:
@@ -201,8 +214,11 @@ class PreallocatedLayer(CompressedLayer):
 def _buffer(filled: Tensor, capacity: int) -> Tensor:
     """A (B, H, capacity, d) buffer whose first columns hold ``filled``."""
     bsz, heads, n, dim = filled.shape
+    # Zeros, not empty memory: a fixed-shape step attends over unwritten columns with weight 0,
+    # and 0 * NaN from stale memory would still poison the output.
     out = filled.new_empty(bsz, heads, capacity, dim)
     out[:, :, :n].copy_(filled)
+    out[:, :, n:].zero_()
     return out
 
 

@@ -62,14 +62,61 @@ class _PerLayerMasks(AttentionHooks):
         return args, kwargs
 
 
+class _FixedShapeMasks(AttentionHooks):
+    """Forward pre-hooks for fixed-shape decoding: every layer attends over its whole buffer.
+
+    Each layer keeps a (B, 1, 1, capacity) bool buffer of the slots written so far; the hook marks
+    the columns the current forward writes (``write_cols``, on the device) with their validity and
+    hands the layer that buffer, made causal within the block. Only device operations on tensors
+    that live as long as the stepper: a CUDA graph captured through these hooks replays correctly
+    for every later step.
+    """
+
+    pre = True
+
+    def __init__(self, model, cache: CompressedCache, step: Tensor):
+        super().__init__(model)
+        self.impl = model.config._attn_implementation
+        if self.impl.startswith("flash"):
+            raise ConfigError("decode='graph' needs attention sdpa or eager (flash attention takes no slot mask)")
+        self.step, self.layers = step, cache.layers
+        self.block: Tensor | None = None  # (B, T): which tokens of the block are real
+        self.slots, self.cols = [], []
+        for layer in self.layers:
+            tail = torch.zeros(layer.pad_slots.shape[0], layer.capacity - layer.prompt_slots, dtype=torch.bool,
+                               device=layer.pad_slots.device)
+            self.slots.append(layer.slot_mask(tail)[:, None, None, :].clone())
+            self.cols.append(torch.arange(layer.capacity, device=layer.pad_slots.device))
+
+    def _hook(self, module, args, kwargs):
+        idx = module.layer_idx
+        layer, slots = self.layers[idx], self.slots[idx]
+        layer.write_cols = layer.prompt_slots + self.step  # (T,) physical columns of this block
+        slots.index_copy_(3, layer.write_cols, self.block[:, None, None, :])
+        mask = slots & (self.cols[idx][None, :] <= layer.write_cols[:, None])[None, None]  # (B, 1, T, S)
+        if self.impl == "sdpa":
+            kwargs["attention_mask"] = mask
+        else:
+            dtype = kwargs["hidden_states"].dtype
+            kwargs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min)
+        return args, kwargs
+
+
 #: How new columns are stored: ``static`` writes them in place into buffers sized once (kept
-#: slots + the steps asked for, :class:`~dapq.cache.PreallocatedLayer`); ``eager`` grows each
-#: layer by concatenation, as transformers' ``DynamicLayer`` does (the path of dapq <= 0.1).
-DECODE_MODES = ("static", "eager")
+#: slots + the steps asked for, :class:`~dapq.cache.PreallocatedLayer`); ``graph`` does the same
+#: with shapes that never change (each layer attends over its whole buffer, masked), and on CUDA
+#: captures the one-token step as a CUDA graph replayed at every step; ``eager`` grows each layer
+#: by concatenation, as transformers' ``DynamicLayer`` does (the path of dapq <= 0.1).
+DECODE_MODES = ("static", "graph", "eager")
 
 
 def resolve_decode(mode: str | None) -> str:
-    """The decode mode to use: ``None``/``"auto"`` is ``static`` on every device (measured faster)."""
+    """The decode mode to use: ``None``/``"auto"`` is ``static`` on every device.
+
+    ``graph`` is not the default on CUDA yet: its speed has not been measured on a GPU
+    (``scripts/gpu-check.sh`` does).
+    """
     if mode in (None, "auto"):
         return "static"
     if mode not in DECODE_MODES:
@@ -101,7 +148,8 @@ class DecodeStepper:
     def __init__(self, model, state: PrefillResult, max_steps: int = 0, decode: str | None = "auto"):
         self.model = model
         self.cache = state.cache
-        if resolve_decode(decode) == "static":
+        self.mode = resolve_decode(decode)
+        if self.mode != "eager":
             self.cache.reserve(max_steps)
         batch = state.batch
         self.width = batch.width
@@ -112,6 +160,10 @@ class DecodeStepper:
         # The logical 2-D mask of every column so far, with room to grow: no copy per step.
         self.mask = torch.cat([prompt_mask, room], dim=1)
         self.per_layer = None if self.cache.canonical else _PerLayerMasks(model, self.cache)
+        self.fixed = None
+        if self.mode == "graph":
+            self.fixed = _FixedShape(model, self.cache, batch.prompt_lengths.shape[0], max_steps)
+            self.per_layer = self.fixed.masks
 
     def __enter__(self):
         if self.per_layer is not None:
@@ -121,6 +173,14 @@ class DecodeStepper:
     def __exit__(self, *exc):
         if self.per_layer is not None:
             self.per_layer.__exit__()
+
+    def _forward(self, tokens: Tensor, positions: Tensor, end: int, valid: Tensor):
+        if self.fixed is not None:
+            return self.fixed.forward(tokens, positions, valid, self.columns)
+        if self.per_layer is not None:
+            self.per_layer.tail, self.per_layer.n_query = self.mask[:, self.width : end], tokens.shape[1]
+        return compat.forward(self.model, tokens, attention_mask=self.mask[:, :end], position_ids=positions,
+                              cache=self.cache, first_column=self.columns, logits_to_keep=1).logits[:, -1]
 
     @torch.no_grad()
     def extend(self, tokens: Tensor, valid: Tensor | None = None) -> Tensor:
@@ -138,14 +198,75 @@ class DecodeStepper:
             self.mask = torch.cat([self.mask, grow], dim=1)
         self.mask[:, self.columns : end] = valid
         positions = self.next_position[:, None] + (valid.cumsum(dim=1) - 1).clamp(min=0)
-        if self.per_layer is not None:
-            self.per_layer.tail, self.per_layer.n_query = self.mask[:, self.width : end], n
-        out = compat.forward(self.model, tokens, attention_mask=self.mask[:, :end], position_ids=positions,
-                             cache=self.cache, first_column=self.columns, logits_to_keep=1)
+        logits = self._forward(tokens, positions, end, valid)
         self.columns = end
         self.next_position = self.next_position + valid.sum(dim=1)
-        return out.logits[:, -1].float()
+        return logits.float()
 
     def __call__(self, token: Tensor) -> Tensor:
         """One decode step: ``token`` (B,) at each row's next position; the next logits (B, V)."""
         return self.extend(token[:, None])
+
+
+class _FixedShape:
+    """The fixed-shape decode of ``decode="graph"``: static buffers, and on CUDA one captured graph.
+
+    Every input of a forward lives in a buffer that outlives it (token ids, positions, the step
+    counter that says which columns to write, each layer's slot mask), so the one-token step can
+    be captured once as a CUDA graph and replayed: no Python, no kernel launches, no allocation
+    per step. Multi-token blocks (a question) and every step on the CPU run the same fixed-shape
+    forward without capture, which is what the CPU tests check against the other modes.
+    """
+
+    def __init__(self, model, cache: CompressedCache, rows: int, max_steps: int):
+        self.model, self.cache, self.room = model, cache, max_steps
+        device = model.device
+        # The step counter and block flags the captured graph reads: they must live as long as it.
+        self.graph_step = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph_block = torch.ones(rows, 1, dtype=torch.bool, device=device)
+        self.masks = _FixedShapeMasks(model, cache, self.graph_step)
+        self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.capture = device.type == "cuda"
+        self.graph = self.logits = None
+        self.written = 0
+
+    def _run(self, tokens, positions, first_column: int):
+        return compat.forward(self.model, tokens, attention_mask=None, position_ids=positions, cache=self.cache,
+                              first_column=first_column, logits_to_keep=1).logits[:, -1]
+
+    def forward(self, tokens: Tensor, positions: Tensor, valid: Tensor, first_column: int) -> Tensor:
+        n = tokens.shape[1]
+        if self.written + n > self.room:
+            raise ValueError(f"decode='graph' reserved {self.room} columns; {self.written + n} were fed")
+        if n > 1 or not self.capture:
+            self.masks.step = torch.arange(self.written, self.written + n, device=tokens.device)
+            self.masks.block = valid.bool()
+            logits = self._run(tokens, positions, first_column)
+        else:
+            logits = self._replay(tokens, positions, first_column)
+        self.written += n
+        for layer in self.cache.layers:
+            layer.advance(n)
+            layer.write_cols = None
+        return logits
+
+    def _replay(self, tokens: Tensor, positions: Tensor, first_column: int) -> Tensor:
+        self.ids.copy_(tokens)
+        self.positions.copy_(positions)
+        self.graph_step.fill_(self.written)
+        if self.graph is None:
+            self.masks.step, self.masks.block = self.graph_step, self.graph_block
+            # Warm up on a side stream (allocator and kernel choices settle), then capture. Each run
+            # writes the same column with the same values, so repeating the step is harmless.
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._run(self.ids, self.positions, first_column)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self._run(self.ids, self.positions, first_column)
+        self.graph.replay()
+        return self.logits.clone()
