@@ -43,7 +43,8 @@ def make_batch(
     lengths = [len(p) for p in prompts]
     width = max(lengths)
     rows, masks, positions = [], [], []
-    extra = method.observation().pseudo_tokens
+    observation = method.observation()
+    extra = observation.pseudo_tokens
     for ids in prompts:
         pad = width - len(ids)
         row, mask, pos = [pad_id] * pad + list(ids), [0] * pad + [1] * len(ids), [0] * pad + list(range(len(ids)))
@@ -57,13 +58,13 @@ def make_batch(
         rows.append(row)
         masks.append(mask)
         positions.append(pos)
-    max_pos = max(max(p) for p in positions)
+    # Look-ahead steps (DeferKV) are decoded at the positions after the prompt: they need room too.
+    max_pos = max(max(p) for p in positions) + observation.lookahead_steps
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and max_pos >= limit:
-        raise DapqError(
-            f"prompt of {width} tokens (+{extra} pseudo) needs position {max_pos}, "
-            f"beyond the model's context of {limit}"
-        )
+        added = f"{extra} pseudo" if extra else f"{observation.lookahead_steps} look-ahead steps"
+        raise DapqError(f"prompt of {width} tokens (+{added}) needs position {max_pos}, "
+                        f"beyond the model's context of {limit}")
     as_long = dict(dtype=torch.long, device=device)
     return PromptBatch(
         input_ids=torch.tensor(rows, **as_long),

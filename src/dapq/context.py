@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -34,9 +34,17 @@ from torch import Tensor
 from .compress import make_batch, prefill
 from .decoding import DecodeStepper
 from .errors import DapqError
-from .generation import GenerationResult, SamplingConfig, _results, pad_token_id, sample_loop
+from .generation import (
+    GenerationResult,
+    SamplingConfig,
+    _results,
+    check_token_rows,
+    pad_token_id,
+    sample_loop,
+)
 from .methods import build
 from .methods.base import Method
+from .models import model_fingerprint
 from .state import PrefillResult
 
 
@@ -94,6 +102,16 @@ class CompressedContext:
     method: Method
     context_ids: list[list[int]]
     chat: bool
+    model: dict = field(default_factory=dict)
+    """The fingerprint of the model that made it (:func:`dapq.models.model_fingerprint`): a cache
+    is only meaningful to the weights and dtype that wrote it."""
+
+    def check_model(self, model) -> None:
+        """Refuse a model other than the one that compressed these contexts."""
+        theirs = model_fingerprint(model)
+        if self.model and theirs != self.model:
+            diff = ", ".join(f"{k} {self.model.get(k)!r} vs {v!r}" for k, v in theirs.items() if self.model.get(k) != v)
+            raise DapqError(f"this context was compressed by another model ({diff}); compress it again with this one")
 
     @property
     def n_contexts(self) -> int:
@@ -122,16 +140,16 @@ def compress_context(model, tokenizer, contexts: Sequence[str] | str, method: Me
         contexts = [contexts]
     if isinstance(method, str) or method is None:
         method = build(method or "full")
-    rows = ([list(r) for r in context_ids] if context_ids is not None
-            else [encode_context(tokenizer, c, chat=chat) for c in contexts])
-    if not rows:
+    if context_ids is None and not contexts:
         raise DapqError("give at least one context")
+    rows = check_token_rows(model, context_ids if context_ids is not None
+                            else [encode_context(tokenizer, c, chat=chat) for c in contexts], "context")
     start = time.perf_counter()
     batch = make_batch(model, method, rows, pad_id=pad_token_id(tokenizer), tokenizer=tokenizer)
     batch_s = time.perf_counter() - start
     state = prefill(model, method, batch)
     state.stats.prefill_s += batch_s
-    return CompressedContext(state=state, method=method, context_ids=rows, chat=chat)
+    return CompressedContext(state=state, method=method, context_ids=rows, chat=chat, model=model_fingerprint(model))
 
 
 def question_block(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
@@ -193,15 +211,19 @@ def ask(model, tokenizer, ctx: CompressedContext, questions: Sequence[str] | str
     ``prompt_tokens`` and KV bytes describe the context (what was compressed), ``question_tokens``
     the question fed after it uncompressed.
     """
+    if not isinstance(ctx, CompressedContext):
+        raise DapqError(f"ask() needs the CompressedContext that compress_context() returned, got {type(ctx).__name__}")
+    ctx.check_model(model)
     if isinstance(questions, str):
         questions = [questions]
     sampling = sampling or SamplingConfig(**sampling_kwargs)
+    if question_ids is None and not questions:
+        raise DapqError("give at least one question")
     q_rows = ([list(q) for q in question_ids] if question_ids is not None else
               [encode_question(tokenizer, q, chat=ctx.chat, answer_prefix=answer_prefix) for q in questions])
-    if not q_rows:
-        raise DapqError("give at least one question")
-    if any(not q for q in q_rows):
+    if any(isinstance(q, Sequence) and not isinstance(q, str) and not q for q in q_rows):
         raise DapqError("a question has no tokens: each one is fed after the context and needs at least one")
+    q_rows = check_token_rows(model, q_rows, "question")
     if rows is None:
         if ctx.n_contexts == 1:
             rows = [0] * len(q_rows)

@@ -114,6 +114,25 @@ def encode_prompts(
     return rows
 
 
+def check_token_rows(model, rows: Sequence[Sequence[int]], what: str = "prompt") -> list[list[int]]:
+    """Token-id rows as lists, or a :class:`DapqError` naming what is wrong with them."""
+    if isinstance(rows, str | bytes) or not isinstance(rows, Sequence) or not rows:
+        raise DapqError(f"give at least one {what}")
+    vocab = model.config.vocab_size
+    out = []
+    for i, row in enumerate(rows):
+        if isinstance(row, str | bytes) or not isinstance(row, Sequence):
+            raise DapqError(f"{what} {i}: token ids must be a list of integers, got {type(row).__name__}")
+        row = list(row)
+        if not row:
+            raise DapqError(f"{what} {i} has no tokens")
+        bad = next((t for t in row if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise DapqError(f"{what} {i}: token id {bad!r} is not in the model's vocabulary [0, {vocab})")
+        out.append(row)
+    return out
+
+
 def pad_token_id(tokenizer) -> int:
     for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if candidate is not None:
@@ -238,9 +257,10 @@ def generate(
     if isinstance(method, str) or method is None:
         method = build(method or "full")
     sampling = sampling or SamplingConfig(**sampling_kwargs)
-    rows = [list(r) for r in prompt_ids] if prompt_ids is not None else encode_prompts(
-        tokenizer, prompts, chat=chat, answer_prefix=answer_prefix
-    )
+    if prompt_ids is None and not prompts:
+        raise DapqError("give at least one prompt")
+    rows = check_token_rows(model, prompt_ids if prompt_ids is not None else encode_prompts(
+        tokenizer, prompts, chat=chat, answer_prefix=answer_prefix))
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(r) for r in rows)
     if limit is not None and longest + sampling.max_new_tokens > limit:
@@ -323,8 +343,8 @@ def generate_many(
     sampling = sampling or SamplingConfig(**sampling_kwargs)
     if max_batch < 1:
         raise ConfigError("max_batch must be >= 1")
-    row = list(prompt_ids)
-    question = list(question_ids or ())
+    row = check_token_rows(model, [prompt_ids])[0]
+    question = check_token_rows(model, [question_ids], "question")[0] if question_ids else []
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and len(row) + len(question) + sampling.max_new_tokens > limit:
         raise DapqError(f"prompt of {len(row) + len(question)} tokens + {sampling.max_new_tokens} new tokens "

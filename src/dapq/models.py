@@ -305,3 +305,22 @@ def placeholder_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")))
+
+
+def model_fingerprint(model) -> dict:
+    """What identifies a loaded model's weights and numbers, for state made with it (a compressed context).
+
+    The architecture, dtype, vocabulary and a checksum of a few embedding rows: another model of
+    the same shape (another checkpoint, another seed) differs in the checksum.
+    """
+    config = model.config
+    embeddings = model.get_input_embeddings().weight
+    return {
+        "model_type": config.model_type,
+        "name": getattr(config, "name_or_path", "") or "",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "vocab_size": config.vocab_size,
+        "layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "checksum": float(embeddings[:8].double().sum()),
+    }

@@ -358,5 +358,7 @@ class AttentionScoredMethod(Method):
         # Pool over the candidate keys only: the always-kept recent window is cut off first, as
         # SnapKV and kvpress do, so its scores never leak into its neighbours.
         cut = width - min(self.observation().keep_recent, width)
+        if cut == 0:
+            return scores  # a prompt no longer than the recent tokens: everything is kept anyway
         pooled = pool_scores(scores[..., :cut] * ctx.valid[:, None, :cut], self.kernel, self.pooling)
         return torch.cat([pooled, scores[..., cut:]], dim=-1)
