@@ -17,15 +17,15 @@ import sys
 from collections import defaultdict
 
 from dapq.bench.metrics import digit_prefix_share
-from dapq.bench.report import markdown
 from dapq.bench.store import ResultsStore
+from dapq.tables import markdown
 
 
 def _size(r: dict) -> tuple[float, str]:
     """(sort value, label): FullKV first, then budgets or ratios in increasing order."""
-    if r["budget"] is None and r["ratio"] is None:
+    if r["budget"] is None and r["keep_fraction"] is None:
         return -1.0, "all"
-    return (r["budget"], str(r["budget"])) if r["budget"] is not None else (r["ratio"], f"{r['ratio']:.0%}")
+    return (r["budget"], str(r["budget"])) if r["budget"] is not None else (r["keep_fraction"], f"{r['keep_fraction']:.0%}")
 
 
 def summarize(path: str) -> str:

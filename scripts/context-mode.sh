@@ -29,14 +29,14 @@ niah=(niah --lengths 4000 --haystack held_out --depths 0,0.25,0.5,0.75,1 --seed 
 ruler=(ruler --lengths 4000 --seed 1 --out "$out/ruler-4k")
 
 $dapq bench "${niah[@]}" --samples 4 --compress context --methods "$ours"
-$dapq bench "${ruler[@]}" --samples 2 --ratios 0.25,0.5 --compress context --methods "$ours"
+$dapq bench "${ruler[@]}" --samples 2 --keep-fractions 0.25,0.5 --compress context --methods "$ours"
 $dapq bench "${niah[@]}" --samples 1 --compress context --methods "$peers"
 $dapq bench "${niah[@]}" --samples 1 --compress prompt --methods "$dapq_rows"
-$dapq bench "${ruler[@]}" --samples 2 --ratios 0.25,0.5 --compress prompt --methods "$dapq_rows"
+$dapq bench "${ruler[@]}" --samples 2 --keep-fractions 0.25,0.5 --compress prompt --methods "$dapq_rows"
 $dapq bench "${niah[@]}" --samples 1 --budgets 128 --compress context --methods kvpress:KVzipPress
-$dapq bench "${ruler[@]}" --samples 2 --ratios 0.5 --compress context --methods "$peers"
-$dapq bench "${ruler[@]}" --samples 2 --ratios 0.25 --compress context --methods "$peers"
-$dapq bench "${ruler[@]}" --samples 1 --ratios 0.5 --compress context --methods kvpress:KVzipPress
+$dapq bench "${ruler[@]}" --samples 2 --keep-fractions 0.5 --compress context --methods "$peers"
+$dapq bench "${ruler[@]}" --samples 2 --keep-fractions 0.25 --compress context --methods "$peers"
+$dapq bench "${ruler[@]}" --samples 1 --keep-fractions 0.5 --compress context --methods kvpress:KVzipPress
 
 $dapq report "$out/niah-4k" > /dev/null
 $dapq report "$out/ruler-4k" > /dev/null

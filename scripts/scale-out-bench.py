@@ -33,8 +33,8 @@ from pathlib import Path
 
 
 def _sweep_inputs(lengths: tuple[int, ...], samples: int):
-    from dapq.bench.runner import parse_methods
     from dapq.bench.tasks import TaskArgs, build_samples
+    from dapq.methods.spec import parse_methods
     from dapq.models import ModelSpec
 
     spec = ModelSpec()  # the embedded SmolLM2-135M, fp32, CPU
@@ -65,11 +65,12 @@ def _round_trip(ex, tokenizer, samples, methods, budgets, store, n: int = 30) ->
     """Median seconds to ship a unit of this sweep to a worker and get an (empty) answer back."""
     import pickle
 
-    from dapq.bench.runner import work_units
+    from dapq.bench.runner import Sweep, work_units
     from dapq.bench.store import ResultsStore
 
     scratch = ResultsStore(Path(tempfile.mkdtemp(prefix="scale-out-rt-")))
-    unit = work_units(tokenizer, samples[:1], methods, budgets, scratch, model_id="smollm2-135m")[0]
+    unit = work_units(tokenizer, Sweep(tuple(samples[:1]), tuple(methods), tuple(budgets), model_id="smollm2-135m"),
+                      scratch)[0]
     scratch.close()
     times = []
     for _ in range(n):

@@ -17,8 +17,8 @@ import sys
 from collections import defaultdict
 
 from dapq.bench.metrics import digit_prefix_share
-from dapq.bench.report import markdown
 from dapq.bench.store import ResultsStore
+from dapq.tables import markdown
 
 
 def main(argv: list[str]) -> None:

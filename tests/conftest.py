@@ -99,3 +99,23 @@ def any_model(request, llama, qwen3):
 def random_prompt(length: int, seed: int = 0, vocab: int = 320) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(4, vocab, (length,), generator=gen).tolist()
+
+
+# ---- model directories, for the command-line tests (tests/cli)
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A tiny random Llama and the test tokenizer, saved as a model directory."""
+    from helpers import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("tiny-llama"), tokenizer, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory, tokenizer):
+    """An architecture dapq does not support, saved as a model directory."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=320)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -16,7 +16,7 @@ REQUESTS = [
     {"id": "a", "prompt": "The grass is green. The sky is blue. What color is the sky?"},
     {"id": 2, "messages": [{"role": "user", "content": "Paris is the capital of France."}], "method": "snapkv"},
     {"id": "c", "prompt": "One of the special magic numbers for sleepy-owl is: 4817263.", "method": "full"},
-    {"id": "d", "prompt": "There and back again. The sun is yellow.", "ratio": 0.5},
+    {"id": "d", "prompt": "There and back again. The sun is yellow.", "keep_fraction": 0.5},
     {"id": "e", "prompt": "Berlin is the capital of Germany. 0123456789 Here we go.", "budget": 6,
      "method": "dapq(n_pseudo=4)"},
 ]
@@ -51,11 +51,11 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
     # Each record equals `dapq generate --json` on that request alone, plus its id.
     by_id = {json.loads(x)["id"]: json.loads(x) for x in again}
     code, alone, _ = run_cli(capsys, "generate", "--model", model_dir, "--prompt", REQUESTS[3]["prompt"],
-                             "--ratio", "0.5", "--max-new-tokens", "6", "--json")
+                             "--keep-fraction", "0.5", "--max-new-tokens", "6", "--json")
     alone = json.loads(alone)
     assert set(by_id["d"]) == set(alone) | {"id"}
-    assert {k: by_id["d"][k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")} == {
-        k: alone[k] for k in ("text", "token_ids", "budget", "ratio", "kept_tokens_per_head", "config")}
+    assert {k: by_id["d"][k] for k in ("text", "token_ids", "budget", "keep_fraction", "kept_tokens_per_head", "config")} == {
+        k: alone[k] for k in ("text", "token_ids", "budget", "keep_fraction", "kept_tokens_per_head", "config")}
     assert by_id["e"]["config"]["n_pseudo"] == 4 and by_id["e"]["budget"] == 6
     assert by_id[2]["method"] == "snapkv" and by_id[2]["budget"] == 8 and by_id["c"]["method"] == "full"
 
@@ -69,9 +69,9 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
     ('{"id": "z", "messages": [{"role": "user"}]}', "string content"),
     ('{"id": "z", "prompt": "x", "method": "bogus"}', "unknown method"),
     ('{"id": "z", "prompt": "x", "budget": 0}', "budget must be"),
-    ('{"id": "z", "prompt": "x", "budget": 8, "ratio": 0.5}', "not both"),
+    ('{"id": "z", "prompt": "x", "budget": 8, "keep_fraction": 0.5}', "not both"),
     ('[1, 2]', "JSON object"),
-    ('{"id": "z", "prompt": "x", "ratio": "0.5"}', "ratio must be a number"),
+    ('{"id": "z", "prompt": "x", "keep_fraction": "0.5"}', "keep_fraction must be a number"),
     ('{"id": "z", "prompt": "x", "budget": true}', "budget must be an integer"),
     ('{"id": "z", "prompt": "x", "budget": [8]}', "budget must be an integer"),
     ('{"id": "z", "prompt": "caf\\u00e9"}', "not UTF-8"),

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from dapq.compress import PrefillResult
-from dapq.context import ChatSplit, answer, ask, compress_context, encode_context, encode_question
+from dapq.context import answer, ask, compress_context
 from dapq.decoding import DecodeStepper
 from dapq.generation import SamplingConfig, generate_many
 from dapq.methods import available, build
+from dapq.prompts import ChatSplit, encode_context, encode_question
 
 from conftest import TOKENIZER, random_prompt
 from helpers import hf_greedy, masked_reference_logits

@@ -7,8 +7,9 @@ import torch
 
 from dapq.decoding import DecodeStepper
 from dapq.errors import ConfigError
-from dapq.generation import SamplingConfig, encode_prompts, generate, generate_many
+from dapq.generation import SamplingConfig, generate, generate_many
 from dapq.methods import build
+from dapq.prompts import encode_prompts
 
 from conftest import TOKENIZER, random_prompt
 

@@ -15,9 +15,10 @@ from .cache import CompressedCache, CompressedLayer
 from .compress import compress, make_batch, prefill
 from .context import CompressedContext, ask, compress_context
 from .errors import ConfigError, DapqError, UnsupportedModelError
-from .generation import GenerationResult, SamplingConfig, decode, encode_prompts, generate, generate_many
+from .generation import GenerationResult, SamplingConfig, decode, generate, generate_many
 from .methods import Method, Observation, available, build
 from .models import SUPPORTED_MODEL_TYPES, load_model
+from .prompts import encode_prompts
 from .state import PrefillResult, PromptBatch
 
 __version__ = "0.1.0"

@@ -3,14 +3,14 @@
 Each input line is one request::
 
     {"id": "q1", "prompt": "text ...", "method": "snapkv", "budget": 64}
-    {"id": "q2", "messages": [{"role": "user", "content": "..."}], "ratio": 0.1}
+    {"id": "q2", "messages": [{"role": "user", "content": "..."}], "keep_fraction": 0.1}
 
 ``id`` (a string or an integer, unique in the file) and exactly one of ``prompt`` (text;
 ``--chat`` wraps it as one user turn) or ``messages`` (a chat, rendered with the tokenizer's chat
 template) are required. ``method`` (a name, or ``name(key=value,...)`` as in ``dapq bench
---methods``), ``budget`` and ``ratio`` are optional and default to the command's ``--method``,
-``--budget`` and ``--ratio``; a record's ``method`` replaces the command's method with its
-``--window``, ``--content`` and ``--preset``.
+--methods``), ``budget`` and ``keep_fraction`` are optional and default to the command's
+``--method``, ``--budget`` and ``--keep-fraction``; a record's ``method`` replaces the command's
+method with its ``--window``, ``--content`` and ``--preset``.
 
 Each output line is what ``dapq generate --json`` prints, plus the request's ``id``. Requests of
 one method are run as left-padded batches of similar length (one :func:`~dapq.generation.generate`
@@ -26,11 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench.executor import Executor, write_results
-from .bench.store import JsonlLog
 from .errors import DapqError
-from .generation import SamplingConfig, encode_prompts, generate
+from .generation import SamplingConfig, generate
 from .methods.base import Method
+from .methods.registry import build_from_options
+from .methods.spec import KVPRESS, parse_methods
+from .prompts import encode_prompts
+from .runs.executor import Executor, write_results
+from .runs.log import JsonlLog
 
 
 class GenerationLog(JsonlLog):
@@ -53,7 +56,7 @@ class MethodDefaults:
 
     method: str = "dapq"
     budget: int | None = None
-    ratio: float | None = None
+    keep_fraction: float | None = None
     window: int | None = None
     content: str | None = None
     preset: str | None = None
@@ -75,39 +78,34 @@ def result_fields(result, method: Method) -> dict:
     """The fields of ``dapq generate --json`` for one :class:`~dapq.generation.GenerationResult`."""
     record = result.to_dict()
     record["budget"] = method.budget if method.budget is not None else max(result.kept_tokens_per_head)
-    record["ratio"] = method.keep_fraction
+    record["keep_fraction"] = method.keep_fraction
     return record
 
 
 def method_of_record(rec: dict, defaults: MethodDefaults) -> Method:
-    """The method of one request: its own ``method``/``budget``/``ratio``, else the command's defaults."""
-    from .bench.runner import parse_methods
-    from .methods.registry import build_from_options
-
-    own_budget = "budget" in rec or "ratio" in rec
+    """The method of one request: its own ``method``/``budget``/``keep_fraction``, else the command's defaults."""
+    if "ratio" in rec:
+        raise DapqError("'ratio' is now 'keep_fraction' (the fraction of the prompt kept)")
+    own_budget = "budget" in rec or "keep_fraction" in rec
     budget = rec.get("budget") if own_budget else defaults.budget
-    ratio = rec.get("ratio") if own_budget else defaults.ratio
-    if budget is not None and ratio is not None:
-        raise DapqError("give a budget or a ratio, not both")
-    # JSON gives strings, booleans and lists too; the methods take an int budget and a float ratio.
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
-        raise DapqError(f"budget must be an integer, got {budget!r}")
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, int | float)):
-        raise DapqError(f"ratio must be a number, got {ratio!r}")
+    fraction = rec.get("keep_fraction") if own_budget else defaults.keep_fraction
+    if budget is not None and fraction is not None:
+        raise DapqError("give a budget or a keep_fraction, not both")
     if "method" not in rec:
-        return build_from_options(defaults.method, budget=budget, keep_fraction=ratio, window=defaults.window,
+        return build_from_options(defaults.method, budget=budget, keep_fraction=fraction, window=defaults.window,
                                    content=defaults.content, preset=defaults.preset)
     if not isinstance(rec["method"], str):
-        raise DapqError("method must be a string such as \"snapkv\" or \"dapq(window=16)\"")
-    if rec["method"].startswith("kvpress:"):
+        raise DapqError("method must be a string such as \"snapkv\" or \"dapq(n_pseudo=16)\"")
+    if rec["method"].startswith(KVPRESS):
         raise DapqError("bulk generation runs dapq's methods; kvpress presses run as peers in dapq bench")
     specs = parse_methods(rec["method"])
     if len(specs) != 1:
         raise DapqError(f"one method per request, got {rec['method']!r}")
     spec = specs[0]
-    if spec.name != "full" and budget is None and ratio is None:
-        raise DapqError(f"method {spec.name!r} needs a budget or a ratio (in the record or as --budget/--ratio)")
-    return spec.build(budget, ratio)
+    if spec.evicts and budget is None and fraction is None:
+        raise DapqError(f"method {spec.name!r} needs a budget or a keep_fraction (in the record or as "
+                        "--budget/--keep-fraction)")
+    return spec.build(budget, fraction)
 
 
 def _messages(value) -> tuple:

@@ -45,50 +45,8 @@ from .generation import (
 from .methods import build
 from .methods.base import Method
 from .models import model_fingerprint
+from .prompts import encode_context, encode_question
 from .state import PrefillResult
-
-
-@dataclass(frozen=True)
-class ChatSplit:
-    """The two sides of a chat user turn around its content: ``opening + content + closing``."""
-
-    opening: str
-    closing: str
-
-    @classmethod
-    def of(cls, tokenizer) -> ChatSplit:
-        if not getattr(tokenizer, "chat_template", None):
-            raise DapqError("chat mode needs a tokenizer with a chat template")
-        probe = "dapq context"
-        # A separator that cannot occur inside the probe content marks where the content ends.
-        separator = "#" * (len(probe) + 16)
-        text = tokenizer.apply_chat_template([{"role": "user", "content": probe + separator}],
-                                             add_generation_prompt=True, tokenize=False)
-        parts = text.split(separator)
-        if len(parts) != 2 or not parts[0].endswith(probe):
-            raise DapqError("the chat template does not copy the user message verbatim; use chat=False")
-        head, closing = parts
-        return cls(opening=head[: -len(probe)], closing=closing)
-
-
-def encode_context(tokenizer, context: str, *, chat: bool) -> list[int]:
-    """Token ids of a context: the chat template's opening plus the context, or the plain text."""
-    if chat:
-        ids = tokenizer(ChatSplit.of(tokenizer).opening + context, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(context)["input_ids"]
-    if not ids:
-        raise DapqError("a context tokenizes to nothing")
-    return list(ids)
-
-
-def encode_question(tokenizer, question: str, *, chat: bool, answer_prefix: str | None = None) -> list[int]:
-    """Token ids of a question: the question, the chat template's closing, then the answer prefix."""
-    text = question + (ChatSplit.of(tokenizer).closing if chat else "") + (answer_prefix or "")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise DapqError("a question tokenizes to nothing")
-    return list(ids)
 
 
 @dataclass

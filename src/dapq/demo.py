@@ -6,10 +6,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .bench.report import markdown, table
-from .bench.runner import parse_methods, run_sweep
+from .bench.report import table
+from .bench.runner import run_sweep
 from .bench.store import ResultsStore, cell_key
 from .bench.tasks import TaskArgs, build_samples
+from .methods.spec import parse_methods
+from .tables import markdown
 
 DEMO_METHODS = "full,streamingllm,snapkv,dapq"
 DEMO_BUDGETS = (64, 128)

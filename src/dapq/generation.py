@@ -19,6 +19,7 @@ from .decoding import DecodeStepper, resolve_decode
 from .errors import ConfigError, DapqError
 from .methods import build
 from .methods.base import Method
+from .prompts import encode_prompts, eos_token_ids, pad_token_id
 from .state import PrefillResult
 
 
@@ -92,28 +93,6 @@ class GenerationResult:
         return dict(self.__dict__)
 
 
-def encode_prompts(
-    tokenizer, prompts: Sequence[str], *, chat: bool = False, answer_prefix: str | None = None
-) -> list[list[int]]:
-    """Token ids of each prompt; ``chat`` wraps it as one user turn with the chat template."""
-    rows = []
-    for prompt in prompts:
-        if chat:
-            if not getattr(tokenizer, "chat_template", None):
-                raise DapqError("--chat needs a tokenizer with a chat template")
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-            )
-            text += answer_prefix or ""
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            ids = tokenizer(prompt + (answer_prefix or ""))["input_ids"]
-        if not ids:
-            raise DapqError("a prompt tokenizes to nothing")
-        rows.append(list(ids))
-    return rows
-
-
 def check_token_rows(model, rows: Sequence[Sequence[int]], what: str = "prompt") -> list[list[int]]:
     """Token-id rows as lists, or a :class:`DapqError` naming what is wrong with them."""
     if isinstance(rows, str | bytes) or not isinstance(rows, Sequence) or not rows:
@@ -131,22 +110,6 @@ def check_token_rows(model, rows: Sequence[Sequence[int]], what: str = "prompt")
             raise DapqError(f"{what} {i}: token id {bad!r} is not in the model's vocabulary [0, {vocab})")
         out.append(row)
     return out
-
-
-def pad_token_id(tokenizer) -> int:
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if candidate is not None:
-            return int(candidate)
-    return 0
-
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        ids.update([source] if isinstance(source, int) else source)
-    return ids
 
 
 def _choose(logits: Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> Tensor:

@@ -95,9 +95,9 @@ def test_length_table_averages_tasks_per_length():
     assert length_table(records[:2], "ruler") is None  # one length: nothing to split
 
 
-def _row_rec(label, score, *, budget=None, ratio=None, compress="prompt", peer=None, kept=1, sid="s"):
-    return {"key": f"{label}{budget}{ratio}{compress}{sid}", "taskset": "ruler", "task": "vt", "label": label,
-            "budget": budget, "ratio": ratio, "compress": compress, "peer": peer, "score": score,
+def _row_rec(label, score, *, budget=None, keep_fraction=None, compress="prompt", peer=None, kept=1, sid="s"):
+    return {"key": f"{label}{budget}{keep_fraction}{compress}{sid}", "taskset": "ruler", "task": "vt", "label": label,
+            "budget": budget, "keep_fraction": keep_fraction, "compress": compress, "peer": peer, "score": score,
             "kv_bytes_kept": kept, "kv_bytes_full": 4, "meta": {}, "config": {"kvpress_version": "0.5.5"}}
 
 
@@ -105,8 +105,8 @@ def test_modes_ratios_and_peers_get_their_own_rows(tmp_path):
     records = [
         _row_rec("full", 1.0, kept=4), _row_rec("full", 0.5, compress="context", kept=4),
         _row_rec("dapq", 0.5, budget=64), _row_rec("dapq", 0.25, budget=64, compress="context"),
-        _row_rec("dapq", 0.5, ratio=0.25, compress="context"),
-        _row_rec("kvpress:SnapKVPress", 0.4, ratio=0.25, compress="context", peer="kvpress"),
+        _row_rec("dapq", 0.5, keep_fraction=0.25, compress="context"),
+        _row_rec("kvpress:SnapKVPress", 0.4, keep_fraction=0.25, compress="context", peer="kvpress"),
     ]
     header, rows = table(records, "ruler")
     assert header[:4] == ["method", "budget", "compress", "VT"]
@@ -125,7 +125,7 @@ def test_modes_ratios_and_peers_get_their_own_rows(tmp_path):
             store.append({**r, "taskset": "niah", "task": "niah", "meta": {"length": 100, "depth": 0.5}})
     text = render(tmp_path)
     assert "(kvpress peer) ran through kvpress 0.5.5's own pipeline" in text and "compress = context" in text
-    assert (tmp_path / "niah-ratio.png").exists() and (tmp_path / "niah-heatmap-dapq-25_-context.png").exists()
+    assert (tmp_path / "niah-keep_fraction.png").exists() and (tmp_path / "niah-heatmap-dapq-25_-context.png").exists()
 
 
 def test_a_table_without_context_cells_has_no_mode_column():

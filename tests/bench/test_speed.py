@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from dapq.bench import speed
-from dapq.bench.runner import parse_methods
-from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, Timing, measure
+from dapq.bench.speed import PeakMemory, SpeedConfig, SpeedRun, measure
 from dapq.bench.speed_report import render_speed, turn_ratio
 from dapq.bench.store import ResultsStore
 from dapq.compress import make_batch, prefill
@@ -18,6 +17,8 @@ from dapq.decoding import DecodeStepper
 from dapq.errors import DapqError
 from dapq.integrations.kvpress_peer import press_kwargs, run_kvpress
 from dapq.methods import build
+from dapq.methods.spec import parse_methods
+from dapq.timing import Timing
 
 from conftest import TOKENIZER, random_prompt, tiny_model
 from helpers import import_kvpress, run_cli, save_tiny

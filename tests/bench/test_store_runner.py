@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import dapq.bench.executor as executor
-from dapq.bench.runner import parse_budgets, parse_methods, run_sweep
+import dapq.bench.units as executor
+from dapq.bench.runner import parse_budgets, run_sweep
 from dapq.bench.store import ResultsStore
 from dapq.bench.tasks import TaskArgs, build_samples
 from dapq.errors import ConfigError, DapqError
+from dapq.methods.spec import parse_methods
 
 from conftest import tiny_model
 from helpers import lock_held_by_another_process, run_cli
@@ -196,7 +197,7 @@ def test_context_mode_cells_equal_the_context_api(tmp_path, tokenizer):
     for shared in (False, True):
         store = ResultsStore(tmp_path / str(shared))
         run_sweep(model, tokenizer, samples, methods, [16], store, model_id="tiny", show_progress=False,
-                  shared_prefill=shared, compress="context", ratios=[0.5])
+                  shared_prefill=shared, compress="context", keep_fractions=[0.5])
         runs[shared] = {r["key"]: r for r in store}
     assert {k: r["prediction"] for k, r in runs[True].items()} == {k: r["prediction"] for k, r in runs[False].items()}
     records = list(runs[True].values())
@@ -207,10 +208,10 @@ def test_context_mode_cells_equal_the_context_api(tmp_path, tokenizer):
         assert r["compress"] == "context" and r["question_tokens"] == len(question) > 0
         assert r["prompt_tokens"] == len(context)  # what was compressed: the context
         spec = next(m for m in methods if m.label == r["label"])
-        ctx = compress_context(model, tokenizer, [], spec.build(r["budget"], r["ratio"]), context_ids=[list(context)])
+        ctx = compress_context(model, tokenizer, [], spec.build(r["budget"], r["keep_fraction"]), context_ids=[list(context)])
         direct = ask(model, tokenizer, ctx, [], question_ids=[list(question)], max_new_tokens=s.max_new_tokens)[0]
         assert r["prediction"] == direct.text
-        if r["ratio"] is not None:  # --ratios keeps ceil(ratio * Lc) context tokens per KV head
+        if r["keep_fraction"] is not None:  # --keep-fractions keeps ceil(f * Lc) context tokens per KV head
             assert r["kv_bytes_kept"] / r["kv_bytes_full"] == pytest.approx(-(-len(context) // 2) / len(context))
     prompt_mode = ResultsStore(tmp_path / "prompt")
     run_sweep(model, tokenizer, samples, methods, [16], prompt_mode, model_id="tiny", show_progress=False)
@@ -241,13 +242,13 @@ def test_context_mode_needs_a_question_part(tmp_path, tokenizer):
                   ResultsStore(tmp_path), model_id="tiny", show_progress=False, compress="context")
 
 
-def test_parse_ratios():
-    from dapq.bench.runner import cells, parse_ratios
+def test_parse_keep_fractions():
+    from dapq.bench.runner import cells, parse_keep_fractions
 
-    assert parse_ratios("0.25, 0.5") == [0.25, 0.5]
+    assert parse_keep_fractions("0.25, 0.5") == [0.25, 0.5]
     for bad in ("0", "1", "1.5", "x", ""):
         with pytest.raises(ConfigError):
-            parse_ratios(bad)
+            parse_keep_fractions(bad)
     specs = parse_methods("full,snapkv")
     assert [(s.name, b, r) for s, b, r in cells(specs, [64], [0.5])] == [
         ("full", None, None), ("snapkv", 64, None), ("snapkv", None, 0.5)]

@@ -7,8 +7,9 @@ import torch
 from transformers import DynamicCache
 
 from dapq import compat
-from dapq.context import compress_context, encode_context
+from dapq.context import compress_context
 from dapq.methods import build
+from dapq.prompts import encode_context
 
 from conftest import TOKENIZER, tiny_model
 from helpers import import_kvpress

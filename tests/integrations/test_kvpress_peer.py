@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from dapq.bench.runner import encode_sample, parse_methods, run_sweep
+from dapq.bench.runner import encode_sample, run_sweep
 from dapq.bench.store import ResultsStore
 from dapq.bench.tasks import TaskArgs, build_samples
 from dapq.errors import DapqError
 from dapq.integrations import kvpress_peer
+from dapq.methods.spec import parse_methods
 from dapq.models import ModelSpec, load_model
 
 from conftest import TOKENIZER
@@ -24,7 +25,7 @@ def test_missing_kvpress_says_how_to_get_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kvpress" else real(name, *a))
     with pytest.raises(DapqError, match=r"pip install 'dapq\[peers\]'.*DAPQ_KVPRESS_PYTHON"):
-        parse_methods("full,kvpress:SnapKVPress")
+        parse_methods("full,kvpress:SnapKVPress", check_peers=kvpress_peer.check_presses)
     monkeypatch.setenv(kvpress_peer.PYTHON_ENV, "/no/such/python")
     with pytest.raises(DapqError, match="no such interpreter"):
         kvpress_peer.kvpress_python()
@@ -35,10 +36,10 @@ def test_an_interpreter_that_cannot_run_is_one_error(monkeypatch, tmp_path):
     not_a_program.write_text("not an executable")
     monkeypatch.setenv(kvpress_peer.PYTHON_ENV, str(not_a_program))
     with pytest.raises(DapqError, match="not an executable file"):
-        parse_methods("full,kvpress:SnapKVPress")
+        parse_methods("full,kvpress:SnapKVPress", check_peers=kvpress_peer.check_presses)
     not_a_program.chmod(0o755)  # executable, but no interpreter: exec fails with ENOEXEC
     with pytest.raises(DapqError, match="did not start"):
-        parse_methods("full,kvpress:SnapKVPress")
+        parse_methods("full,kvpress:SnapKVPress", check_peers=kvpress_peer.check_presses)
     assert "did not start" in kvpress_peer.run_kvpress({})[0]["error"]
 
 
@@ -62,7 +63,7 @@ def test_budget_maps_to_the_compression_ratio_that_keeps_it():
 def test_bad_presses_fail_before_any_work(spec, needle):
     import_kvpress()
     with pytest.raises(DapqError, match=needle):
-        parse_methods(f"full,{spec}")
+        parse_methods(f"full,{spec}", check_peers=kvpress_peer.check_presses)
 
 
 @pytest.mark.parametrize("compress", ["prompt", "context"])
@@ -73,7 +74,7 @@ def test_peer_cells_equal_kvpress_pipeline_on_the_same_tokens(tmp_path, compress
     samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.0, 1.0)))
     methods = parse_methods("full,snapkv,kvpress:SnapKVPress(window_size=8,kernel_size=7),kvpress:StreamingLLMPress")
     store = ResultsStore(tmp_path / "sweep")
-    run_sweep(model, tokenizer, samples, methods, [16], store, model_id="tiny", show_progress=False, ratios=[0.5],
+    run_sweep(model, tokenizer, samples, methods, [16], store, model_id="tiny", show_progress=False, keep_fractions=[0.5],
               compress=compress, model_spec=ModelSpec(model_dir))
     peers = [r for r in store if r["peer"] == "kvpress"]
     assert len(peers) == len(samples) * 2 * 2 and len(store) == len(samples) * (1 + 3 * 2)
@@ -107,7 +108,7 @@ def test_headwise_press_reports_its_masked_keys(tmp_path):
     samples = build_samples("niah", tokenizer, TaskArgs(lengths=(300,), samples=1, depths=(0.5,)))
     store = ResultsStore(tmp_path / "sweep")
     run_sweep(model, tokenizer, samples, parse_methods("kvpress:KVzipPress,kvpress:SnapKVPress"), [], store,
-              model_id="smollm2", show_progress=False, ratios=[0.25], compress="context", model_spec=ModelSpec(None))
+              model_id="smollm2", show_progress=False, keep_fractions=[0.25], compress="context", model_spec=ModelSpec(None))
     kvzip, snapkv = sorted(store, key=lambda r: r["method"])
     assert kvzip["kv_bytes_kept"] == kvzip["kv_bytes_full"]  # nothing freed
     assert snapkv["kv_bytes_kept"] < snapkv["kv_bytes_full"] and "masked_fraction" not in snapkv["config"]

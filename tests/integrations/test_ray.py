@@ -17,12 +17,13 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dapq[ray]'); scale-out tests skipped")
 
-from dapq.bench.executor import LocalExecutor  # noqa: E402
-from dapq.bench.runner import parse_methods, run_sweep  # noqa: E402
+from dapq.bench.runner import run_sweep  # noqa: E402
 from dapq.bench.store import ResultsStore  # noqa: E402
 from dapq.bench.tasks import TaskArgs, build_samples  # noqa: E402
 from dapq.generation import SamplingConfig, generate  # noqa: E402
+from dapq.methods.spec import parse_methods  # noqa: E402
 from dapq.models import ModelSpec  # noqa: E402
+from dapq.runs.executor import LocalExecutor  # noqa: E402
 
 from conftest import TOKENIZER, tiny_model  # noqa: E402
 from helpers import run_cli, save_tiny  # noqa: E402
@@ -34,7 +35,7 @@ REQUESTS = [
     {"id": "a", "prompt": "The grass is green. The sky is blue. What color is the sky?"},
     {"id": 2, "messages": [{"role": "user", "content": "Paris is the capital of France."}], "method": "snapkv"},
     {"id": "c", "prompt": "One of the special magic numbers for sleepy-owl is: 4817263.", "method": "full"},
-    {"id": "d", "prompt": "There and back again. The sun is yellow.", "ratio": 0.5},
+    {"id": "d", "prompt": "There and back again. The sun is yellow.", "keep_fraction": 0.5},
     {"id": "e", "prompt": "Berlin is the capital of Germany. 0123456789 Here we go.", "budget": 6},
 ]
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from rich.progress import track
 
-from ..bench.report import markdown
-from ..bench.runner import MethodSpec, parse_methods
+from ..bench.runner import run_sweep
 from ..bench.store import ResultsStore, cell_key
 from ..bench.tasks import Sample
-from ..generation import encode_prompts
+from ..methods import method_class
+from ..methods.spec import MethodSpec, parse_methods
+from ..prompts import encode_prompts
+from ..tables import markdown
 from .decode import prompt_cache, trace_decode
 from .recall import method_recall, oracle_topk
 from .similarity import CONDITIONS, offset_curve, similarity_trial
@@ -116,8 +118,6 @@ def plot_similarity(records: list[dict], out: Path) -> list[Path]:
 # --------------------------------------------------------------------------- recall
 def _spec_variants(specs: list[MethodSpec], windows) -> list[tuple[str, str, int | None, MethodSpec]]:
     """(label, method name, window, spec) for each method, across windows where it has one."""
-    from ..methods import method_class
-
     out = []
     for spec in specs:
         cls = method_class(spec.name)
@@ -241,8 +241,6 @@ def run_ablation(model, tokenizer, samples, out: Path, *, model_id: str, part: s
                  accuracy: bool = True):
     """Figure 4 (a) content, (b) window, (c) positions: recall for every prompt, and accuracy
     through the bench runner (its own resumable store under ``out/accuracy``)."""
-    from ..bench.runner import run_sweep
-
     specs = ",".join(ABLATIONS[part])
     run_recall(model, tokenizer, samples, ResultsStore(out), model_id=model_id, methods=specs, budget=budget,
                windows=(), steps=steps, analysis="ablation")

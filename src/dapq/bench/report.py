@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from ..tables import markdown
+from .speed_report import render_speed
 from .store import ResultsStore
 
 TASK_ORDER = {
@@ -45,12 +47,12 @@ def _percent(mean: float, digits: int) -> str:
 
 
 def _row_key(r: dict) -> tuple:
-    """(label, budget, ratio, compress mode, peer): one table row."""
-    return r["label"], r.get("budget"), r.get("ratio"), r.get("compress") or "prompt", r.get("peer")
+    """(label, budget, kept fraction, compress mode, peer): one table row."""
+    return r["label"], r.get("budget"), r.get("keep_fraction"), r.get("compress") or "prompt", r.get("peer")
 
 
 def _sort_rows(keys):
-    # Prompt mode before context mode; FullKV first, then budgets, then ratios (small to large),
+    # Prompt mode before context mode; FullKV first, then budgets, then kept fractions (small to large),
     # then dapq's methods before peers, by label: the paper's layout.
     return sorted(keys, key=lambda k: (k[3] != "prompt", k[0] != "full", k[2] is not None, k[1] or k[2] or 0,
                                        k[4] is not None, k[0]))
@@ -61,7 +63,7 @@ def _label(key: tuple) -> str:
 
 
 def _size(key: tuple) -> str:
-    """The budget column: tokens per KV head, or the share of the prompt kept (--ratios)."""
+    """The budget column: tokens per KV head, or the share of the prompt kept (--keep-fractions)."""
     return str(key[1]) if key[1] is not None else f"{100 * key[2]:g}%" if key[2] is not None else "all"
 
 
@@ -130,14 +132,9 @@ def length_table(records: list[dict], taskset: str) -> tuple[list[str], list[lis
     return header, rows
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
-
 
 def plot_budget_curves(records: list[dict], taskset: str, path: Path, *, by: str = "budget") -> Path | None:
-    """Average score against budget (or kept ratio), one line per method and mode; FullKV dashed."""
+    """Average score against budget (or kept fraction), one line per method and mode; FullKV dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,7 +146,7 @@ def plot_budget_curves(records: list[dict], taskset: str, path: Path, *, by: str
     for r in rs:
         key = _row_key(r)
         mode = "" if key[3] == "prompt" else f" [{key[3]}]"
-        if r["label"] == "full":
+        if r["label"] == "full":  # FullKV's label is its name: it takes no parameter
             full[mode].append(r["score"])
         elif r.get(by) is not None:
             per[_label(key) + mode][r[by]].append(r["score"])
@@ -227,8 +224,6 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
     parts = [f"# dapq report: {out}", "", f"{len(records)} finished cells."]
     for taskset in sorted({r["taskset"] for r in records}):
         if taskset == "speed":
-            from .speed_report import render_speed
-
             parts += ["", "## speed", "", render_speed(records)]
             continue
         header, rows = table(records, taskset)
@@ -252,7 +247,7 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
         if by_length:
             parts += ["", f"### {taskset}: average by prompt length", "", markdown(*by_length)]
         if plots:
-            for by in ("budget", "ratio"):
+            for by in ("budget", "keep_fraction"):
                 p = plot_budget_curves(records, taskset, out / f"{taskset}-{by}.png", by=by)
                 if p:
                     parts += ["", f"![{taskset} score vs {by}]({p.name})"]

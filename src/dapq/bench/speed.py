@@ -32,7 +32,6 @@ because the Linux OOM killer would end the whole run instead of raising.
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,12 +41,15 @@ from functools import cached_property
 import torch
 
 from .. import compat
-from ..compress import PrefillResult, make_batch, prefill
-from ..decoding import DecodeStepper
+from ..compress import make_batch, prefill
+from ..decoding import DecodeStepper, resolve_decode
 from ..errors import first_line
+from ..methods.spec import MethodSpec
 from ..models import placeholder_tokenizer
-from .runner import MethodSpec
+from ..state import PrefillResult
+from ..timing import Timing
 from .store import ResultsStore, cell_key
+from .tasks import haystack_text
 
 Clock = Callable[[], float]
 
@@ -73,8 +75,11 @@ class SpeedConfig:
     parts : tuple of str
         Which kinds of cell to run: ``ttft``, ``decode``, ``e2e``, ``peer``.
     memory_limit : int, optional
-        Bytes a CPU cell may use before it is reported as OOM unrun (default: 90% of the
-        memory available when the cell starts).
+        Bytes a decode cell may use before it is reported as OOM unrun (default: 90% of the
+        memory available when the cell starts, on the CPU or the GPU). Such a prediction is not a
+        result: a re-run tries the cell again.
+    decode : str
+        How decode cells store new keys and values (:data:`dapq.decoding.DECODE_MODES`).
     """
 
     context: int = 4000
@@ -86,6 +91,12 @@ class SpeedConfig:
     warmup: int = 1
     parts: tuple[str, ...] = ("ttft", "decode", "e2e", "peer")
     memory_limit: int | None = None
+    decode: str = "auto"
+
+    def needed_lengths(self) -> tuple[int, ...]:
+        """Prompt lengths of the cells this configuration makes: the TTFT lengths, the context of the rest."""
+        lengths = self.lengths if "ttft" in self.parts else ()
+        return lengths + ((self.context,) if set(self.parts) - {"ttft"} else ())
 
 
 #: ``--quick``: every kind of cell at tiny sizes, for CI smoke tests (well under 2 minutes here).
@@ -95,25 +106,6 @@ PARTS = ("ttft", "decode", "e2e", "peer")
 
 
 # ---------------------------------------------------------------------------- measuring
-@dataclass
-class Timing:
-    """Samples of one timed quantity (seconds) with their median and spread."""
-
-    samples: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples) if self.samples else float("nan")
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        return (min(self.samples), max(self.samples)) if self.samples else (float("nan"), float("nan"))
-
-    def to_dict(self) -> dict:
-        lo, hi = self.spread
-        return {"median": self.median, "min": lo, "max": hi, "samples": list(self.samples)}
-
-
 def measure_round_robin(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int,
                         clock: Clock = time.perf_counter, sync: Callable[[], None] = lambda: None,
                         ) -> dict[str, tuple[Timing, list] | BaseException]:
@@ -300,7 +292,7 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
         for layer, width in zip(state.cache.layers, widths, strict=True):
             compat.truncate(layer, width)  # forget the previous repeat's tokens: every repeat decodes the same steps
         token = first
-        with DecodeStepper(model, state, steps) as step:
+        with DecodeStepper(model, state, steps, decode=cfg.decode) as step:
             for _ in range(steps):
                 token = step(token).argmax(dim=-1)
         return None
@@ -334,7 +326,7 @@ def e2e_cells(model, methods: dict[str, object], ids: Sequence[int], cfg: SpeedC
         def run():
             state = prefill(model, method, make_batch(model, method, [list(ids)], pad_id=0, tokenizer=tokenizer))
             token = state.logits.argmax(dim=-1)
-            with DecodeStepper(model, state, steps) as step:
+            with DecodeStepper(model, state, steps, decode=cfg.decode) as step:
                 for _ in range(steps - 1):
                     token = step(token).argmax(dim=-1)
         return run
@@ -351,8 +343,6 @@ def prompt_ids(tokenizer, length: int, *, vocab_size: int, seed: int = 0) -> lis
     if tokenizer is None:
         gen = torch.Generator().manual_seed(seed)
         return torch.randint(0, vocab_size, (length,), generator=gen).tolist()
-    from .tasks import haystack_text
-
     ids = tokenizer(haystack_text("essays"), add_special_tokens=False)["input_ids"]
     while len(ids) < length:
         ids = ids + ids
@@ -378,12 +368,15 @@ class SpeedRun:
 
     def _base(self, cell: str, spec: MethodSpec | None, **fields) -> dict:
         model = self.model
+        if cell in ("decode", "e2e"):
+            # How the decode stores the cache changes its speed: part of what a record measured.
+            fields["decode"] = resolve_decode(self.cfg.decode)
         return {
             "analysis": "speed", "taskset": "speed", "cell": cell, "model": self.model_id,
             "device": str(model.device), "dtype": str(model.dtype).replace("torch.", ""),
             "attn": model.config._attn_implementation, "threads": torch.get_num_threads(),
             "label": spec.label if spec else None, "method": spec.name if spec else None,
-            "budget": None if spec is None or spec.name == "full" else self.cfg.budget, **fields,
+            "budget": None if spec is None or not spec.evicts else self.cfg.budget, **fields,
         }
 
     def _key(self, base: dict) -> str:
@@ -420,8 +413,12 @@ class SpeedRun:
     def _limit(self) -> int | None:
         if self.cfg.memory_limit is not None:
             return self.cfg.memory_limit
-        if self.model.device.type != "cpu":
-            return None  # CUDA raises a catchable OutOfMemoryError
+        device = self.model.device
+        if device.type == "cuda":
+            # Trying a cell far past the free memory costs GPU time just to reach the OOM.
+            return int(0.9 * torch.cuda.mem_get_info(device)[0])
+        if device.type != "cpu":
+            return None
         free = available_bytes()
         return None if free is None else int(0.9 * free)
 
@@ -454,9 +451,9 @@ class SpeedRun:
             for batch in self.cfg.batches:
                 base = self._base("decode", spec, context=self.cfg.context, batch=batch)
                 done = self.store.get(self._key(base))
-                if done is not None and done.get("oom"):
+                if done is not None and done.get("oom") and not done.get("predicted"):
                     break  # this method already ran out of memory at a smaller batch
-                if done is None:
+                if done is None or done.get("predicted"):  # a prediction is not a result: try again
                     todo.append((batch, base))
             if not todo:
                 continue

@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from ..tables import markdown
+
 MIB = 2**20
 # dapq methods and the kvpress press that implements the same idea.
 PEER_OF = {"snapkv": "kvpress-snapkv", "streamingllm": "kvpress-streamingllm", "dapq": "kvpress-snapkv"}
@@ -208,8 +210,6 @@ def errors(records: list[dict]) -> list[str]:
 
 def render_speed(records: list[dict]) -> str:
     """Markdown sections for every (model, device, dtype) that has speed records."""
-    from .report import markdown
-
     index = _Index(records)
     parts = []
     settings = sorted({s[:3] for cell in ("ttft", "decode", "e2e", "peer") for s in index.settings(cell)}, key=str)

@@ -1,206 +1,32 @@
-"""Append-only JSONL record files: the results store of a sweep, and bulk-generation outputs.
+"""The results store of a sweep: a locked, append-only JSONL log (:mod:`dapq.runs.log`) of cells.
 
-``results.jsonl`` starts with a header line that marks it as a dapq results file; each further
+``DIR/results.jsonl`` starts with a header line that marks it as a dapq results file; each further
 line is one finished cell. A re-run with the same arguments skips the cells whose key is already
-there, so an interrupted sweep (Ctrl-C or a killed process) loses nothing that had finished. A
-line torn by a kill in mid-write can only be the last one: it is dropped with a warning. Any
-other unreadable line, or a file that is not a dapq results file, is an error; the store never
-overwrites what it does not understand.
-
-A store opened for writing holds an exclusive lock (``flock`` on ``DIR/.lock``) for as long as it
-is open: a second process pointed at the same directory is refused at once instead of running the
-same cells twice and interleaving its lines with the first one's. The kernel drops the lock when
-the holding process dies, so a killed run never leaves a stale lock behind. Readers (``dapq
-report``) take no lock and never modify the file, so they work while a sweep is running.
+there, so an interrupted sweep (Ctrl-C or a killed process) loses nothing that had finished. While
+a sweep writes, ``DIR/.lock`` keeps a second writer out; readers (``dapq report``) take no lock.
+Records written before the one-name-per-idea rename are read under today's names
+(:mod:`dapq.methods.legacy`).
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
-import os
-import sys
-import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DapqError
+from ..methods.legacy import upgrade_record
+from ..runs.log import LOCKNAME, JsonlLog
 
 FORMAT = "dapq-results"
 VERSION = 1
 FILENAME = "results.jsonl"
-LOCKNAME = ".lock"
 
 
 def cell_key(**fields) -> str:
     """A stable key for one cell from everything that determines its result."""
     blob = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-# One open lock per locked file and process, shared by every writer object of this process: flock
-# locks belong to an open file description, so a second open() in the same process would refuse
-# itself. Several writers inside one process (an ablation opens its store twice) are the caller's
-# business; the lock keeps out other processes.
-_HELD: dict[tuple[int, int], list] = {}  # (st_dev, st_ino) -> [fd, holders]
-
-
-def _acquire(lock_path: Path, what: str) -> tuple[int, int]:
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:  # a directory given as the output file, a parent that is a file, no permission
-        raise DapqError(f"{what}: cannot write here ({exc.strerror})") from None
-    st = os.fstat(fd)
-    ident = (st.st_dev, st.st_ino)
-    if ident in _HELD:
-        os.close(fd)
-        _HELD[ident][1] += 1
-        return ident
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise DapqError(f"{what}: another dapq process is writing here (it holds {lock_path}); "
-                            "wait for it to finish or choose another output") from None
-        raise
-    _HELD[ident] = [fd, 1]
-    return ident
-
-
-def _release(ident: tuple[int, int]) -> None:
-    entry = _HELD.get(ident)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] == 0:
-        del _HELD[ident]
-        os.close(entry[0])  # closing the last descriptor drops the flock
-
-
-class JsonlLog:
-    """Append-only JSON lines keyed by one field: fsynced appends, torn-line recovery, a lock.
-
-    Parameters
-    ----------
-    path : path
-        The JSONL file.
-    lock_path : path, optional
-        File to ``flock`` while this object is open for writing (None: no lock).
-    writable : bool
-        Open for appending: take the lock and cut a torn last line. A read-only log takes no
-        lock and leaves the file as it found it (a running writer may be in mid-line).
-
-    Subclasses set ``key_field`` (the field that identifies a record), ``header`` (a first line
-    that marks the file as theirs, or None), ``required`` (fields every record must have) and
-    ``kind`` (what the file is, for messages).
-    """
-
-    key_field = "key"
-    header: dict | None = None
-    required: tuple[str, ...] = ()
-    kind = "dapq record"
-
-    def __init__(self, path: str | Path, *, lock_path: str | Path | None = None, writable: bool = True):
-        self.path = Path(path)
-        self.writable = writable
-        self.records: list[dict] = []
-        self._keys: set = set()
-        self._finalizer = None
-        if writable and lock_path is not None:
-            lock_path = Path(lock_path)
-            ident = _acquire(lock_path, str(self.path.parent if lock_path.name == LOCKNAME else self.path))
-            self._finalizer = weakref.finalize(self, _release, ident)
-        try:
-            if self.path.exists():
-                self._load()
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Release the lock (also done when the object is garbage-collected or the process ends)."""
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _load(self) -> None:
-        raw = self.path.read_bytes()
-        if self.header is not None and (json.dumps(self.header) + "\n").encode().startswith(raw):
-            # Empty, or a header cut short: a run killed before its first record was durable. It
-            # holds nothing; the next append writes the header again.
-            if raw and self.writable:
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(0)
-            return
-        *body, tail = raw.split(b"\n")  # a complete file ends with a newline: tail == b""
-        first = 1
-        if self.header is not None:
-            if not body or not body[0].strip():
-                raise DapqError(f"{self.path}: empty or not a {self.kind} file")
-            self._check_header(_parse(body[0], self.path, 1, self.kind))
-            first = 2
-        for number, line in enumerate(body[first - 1 :], start=first):
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or any(f not in record for f in (self.key_field, *self.required)):
-                    raise ValueError("not a record")
-            except ValueError:
-                raise DapqError(f"{self.path}:{number}: corrupt record (refusing to continue)") from None
-            self.records.append(record)
-            self._keys.add(record[self.key_field])
-        if tail:
-            # Only a kill in mid-write leaves text after the last newline: that record runs again.
-            if self.writable:
-                print(f"dapq: warning: dropping a torn last line of {self.path}", file=sys.stderr)
-                with open(self.path, "r+b") as fh:
-                    fh.truncate(len(raw) - len(tail))
-            else:
-                print(f"dapq: warning: ignoring an unfinished last line of {self.path}", file=sys.stderr)
-
-    def _check_header(self, header) -> None:
-        if not isinstance(header, dict) or header.get("format") != self.header["format"]:
-            raise DapqError(f"{self.path}: not a {self.kind} file (refusing to touch it)")
-
-    def __contains__(self, key) -> bool:
-        return key in self._keys
-
-    def get(self, key) -> dict | None:
-        """The record with this key, or None."""
-        if key not in self._keys:
-            return None
-        return next(r for r in reversed(self.records) if r[self.key_field] == key)
-
-    def __iter__(self) -> Iterator[dict]:
-        return iter(self.records)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def append(self, record: dict) -> None:
-        """Write one record durably before returning."""
-        if not self.writable:
-            raise DapqError(f"{self.path}: opened read-only")
-        if self.key_field not in record:
-            raise ValueError(f"record needs a {self.key_field}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "a", encoding="utf-8") as fh:
-            if new and self.header is not None:
-                fh.write(json.dumps(self.header) + "\n")
-            fh.write(json.dumps(record, default=str) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.records.append(record)
-        self._keys.add(record[self.key_field])
 
 
 class ResultsStore(JsonlLog):
@@ -214,6 +40,10 @@ class ResultsStore(JsonlLog):
         if self.dir.exists() and not self.dir.is_dir():
             raise DapqError(f"{self.dir}: exists and is not a directory (give an output directory)")
         super().__init__(self.dir / FILENAME, lock_path=self.dir / LOCKNAME, writable=writable)
+
+    def upgrade(self, record: dict) -> dict:
+        """Records written before the one-name-per-idea rename, under today's names."""
+        return upgrade_record(record)
 
     @classmethod
     def open_existing(cls, out_dir: str | Path) -> ResultsStore:
@@ -230,8 +60,3 @@ class ResultsStore(JsonlLog):
             raise DapqError(f"{self.path}: results format version {header.get('version')}, expected {VERSION}")
 
 
-def _parse(line: bytes, path: Path, number: int, what: str):
-    try:
-        return json.loads(line)
-    except ValueError:
-        raise DapqError(f"{path}:{number}: not a {what} file (refusing to touch it)") from None

@@ -45,12 +45,17 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
+from ..bench.tasks import Sample
+from ..bench.units import Cell, CellGroup, cell_record
 from ..errors import DapqError, first_line
+from ..generation import GenerationResult
+from ..methods.spec import KVPRESS
+from ..models import load_model, placeholder_tokenizer, random_model
+from ..timing import Timing
 
 PRESSES = {"snapkv": "SnapKVPress", "streamingllm": "StreamingLLMPress"}
-#: Names the accuracy cells take: ``kvpress:SnapKVPress`` etc. (any press class kvpress exports).
-PREFIX = "kvpress:"
 PYTHON_ENV = "DAPQ_KVPRESS_PYTHON"
 
 
@@ -81,9 +86,9 @@ def compression_ratio(n_kept: int, context_len: int) -> float:
     return 1.0 - (n_kept + 0.5) / context_len
 
 
-def kept_tokens(context_len: int, budget: int | None, ratio: float | None) -> int:
-    """The context tokens a budget or a ratio keeps, as dapq's methods count them."""
-    n = budget if budget is not None else max(1, math.ceil(float(ratio) * context_len))
+def kept_tokens(context_len: int, budget: int | None, keep_fraction: float | None) -> int:
+    """The context tokens a budget or a kept fraction keeps, as dapq's methods count them."""
+    n = budget if budget is not None else max(1, math.ceil(float(keep_fraction) * context_len))
     return min(n, context_len)
 
 
@@ -95,8 +100,8 @@ def speed_press(name: str) -> str | None:
     """The kvpress class of a speed peer: ``snapkv``, ``streamingllm``, ``kvpress:PressName``; None for the baseline."""
     if name == NO_PRESS:
         return None
-    if name.startswith(PREFIX) and len(name) > len(PREFIX):
-        return name[len(PREFIX):]
+    if name.startswith(KVPRESS) and len(name) > len(KVPRESS):
+        return name[len(KVPRESS):]
     if name in PRESSES:
         return PRESSES[name]
     raise DapqError(f"no kvpress peer {name!r}; choose from {', '.join(PRESSES)} or kvpress:PressName")
@@ -152,7 +157,6 @@ def run_kvpress(spec: dict, *, timeout: float = 3600) -> list[dict]:
 
 def _summarise(row: dict) -> dict:
     """Medians and spreads of the child's raw runs, in the same shape as dapq's cells."""
-    from ..bench.speed import Timing
 
     runs = row.pop("runs", None)
     if not runs:
@@ -172,9 +176,6 @@ def _summarise(row: dict) -> dict:
 
 def _load(spec: dict):
     import torch
-
-    from ..models import load_model, placeholder_tokenizer, random_model
-
     torch.set_num_threads(spec["threads"])
     if spec.get("random_weights"):
         model = random_model(spec["random_weights"], dtype=spec["dtype"], device=spec["device"],
@@ -340,6 +341,65 @@ def _check_child() -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class PeerUnit(CellGroup):
+    """The kvpress cells of one sample: each through kvpress's own pipeline, in a child process.
+
+    The child (:func:`session`) loads ``model`` once per worker and
+    gets the same token ids as dapq's cells of the sample: the context and the question in
+    context mode; in prompt mode the prompt minus its last token, then that token as the question
+    (so the first new token comes from the same position as dapq's). The budget or kept fraction maps to
+    the ``compression_ratio`` that keeps as many context tokens per KV head as dapq's methods do.
+    """
+
+    sample: Sample
+    prompt_ids: tuple[int, ...]
+    question_ids: tuple[int, ...] | None
+    cells: tuple[Cell, ...]
+    model_id: str
+    model: dict
+    """``ModelSpec.peer_fields()``: what the child loads."""
+    compress: str = "prompt"
+
+    @property
+    def label(self) -> str:
+        return f"{self.sample.task} {self.sample.sample_id}: {len(self.cells)} kvpress cells"
+
+    def run(self, model, tokenizer) -> list[dict]:
+        import torch  # the child's own interpreter imports this module too, without a model
+
+        s = self.sample
+        if self.question_ids is None:
+            context, question = list(self.prompt_ids[:-1]), list(self.prompt_ids[-1:])
+        else:
+            context, question = list(self.prompt_ids), list(self.question_ids)
+        child = session({**self.model, "threads": torch.get_num_threads()})
+        records = []
+        for cell in self.cells:
+            n_kept = kept_tokens(len(context), cell.budget, cell.keep_fraction)
+            kwargs = {**dict(cell.spec.params), "compression_ratio": compression_ratio(n_kept, len(context))}
+            answer = child.generate({"press": cell.spec.name.split(":", 1)[1], "kwargs": kwargs,
+                                     "context_ids": context, "question_ids": question,
+                                     "max_new_tokens": s.max_new_tokens})
+            text = answer["text"]
+            cuts = [text.index(stop) for stop in s.stop if stop in text]
+            text = text[: min(cuts)] if cuts else text
+            # The pipeline leaves the compressed context in the cache: KV bytes as dapq counts them.
+            per_token, kept = answer["token_bytes"], answer["kept"]
+            result = GenerationResult(
+                text=text, token_ids=[], prompt_tokens=len(context), method=cell.spec.name, budget=cell.budget,
+                kept_tokens_per_head=kept, kv_bytes_full=per_token * len(context) * len(kept),
+                kv_bytes_kept=per_token * sum(kept), prefill_s=answer["seconds"], compress_s=0.0, decode_s=0.0,
+                decode_tokens_per_s=0.0, finish_reason="", question_tokens=len(question))
+            config = {**cell.spec.config(cell.budget, cell.keep_fraction), "compression_ratio": kwargs["compression_ratio"],
+                      "kvpress_version": child.kvpress_version}
+            if sum(answer.get("masked", ())):
+                # Held in memory but never attended: the KV bytes stay physical, this says how much is dead.
+                config["masked_fraction"] = sum(answer["masked"]) / (sum(kept) * answer["kv_heads"])
+            records.append(cell_record(self, cell, config, result, answer["seconds"]))
+        return records
+
+
 class KvpressSession:
     """A child process that holds one model and answers kvpress requests, one JSON line each.
 
@@ -464,9 +524,6 @@ def _serve_child() -> int:
         from kvpress.pipeline import KVPressTextGenerationPipeline
         from transformers import DynamicCache
         from transformers.utils import logging as hf_logging
-
-        from ..models import load_model
-
         hf_logging.set_verbosity_error()
         spec = json.loads(model_line)
         torch.set_num_threads(spec["threads"])

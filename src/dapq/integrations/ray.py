@@ -1,9 +1,9 @@
 """Scale-out on Ray: sweeps and bulk generation over N actors, and a Ray Data entry point.
 
-:class:`RayExecutor` runs the work units of :mod:`dapq.bench.executor` on N Ray actors. Each
+:class:`RayExecutor` runs the work units of :mod:`dapq.runs.executor` on N Ray actors. Each
 actor loads the model once, from a picklable :class:`~dapq.models.ModelSpec` (the weights are
-never shipped), and runs one unit at a time with :func:`~dapq.bench.executor.run_unit`: the same
-function the local runner calls, so a cell's prediction and score do not depend on where it ran.
+never shipped), and runs one unit at a time with ``unit.run(model, tokenizer)``: what the local
+executor calls, so a cell's prediction and score do not depend on where it ran.
 Units carry method configs, token ids and sample data. The driver keeps every actor busy,
 collects finished units with ``ray.wait`` as they come, and stays the only writer of the results
 file.
@@ -38,9 +38,11 @@ from collections.abc import Callable, Iterator, Sequence
 import ray
 import ray.exceptions
 
-from ..bench.executor import Unit, run_unit
+from ..bulk import MethodDefaults, Request, encode_requests, method_of_record, result_fields
 from ..errors import ConfigError, DapqError, first_line
+from ..generation import SamplingConfig, generate
 from ..models import ModelSpec
+from ..runs.executor import Unit
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
@@ -77,11 +79,12 @@ class _Worker:
         return os.getpid()
 
     def run(self, unit) -> list[dict]:
-        return run_unit(self.model, self.tokenizer, unit)
+        return unit.run(self.model, self.tokenizer)
 
 
-def _first_line(exc: BaseException) -> str:
-    """The most telling line of a Ray error: the cause's own message where there is one."""
+def _telling_line(exc: BaseException) -> str:
+    """The most telling line of a Ray error: the last line that names an error (Ray prints the
+    cause's own message last, after its traceback), else the last line."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     for ln in reversed(lines):
         if "Error:" in ln or "Exception:" in ln:
@@ -197,7 +200,7 @@ class RayExecutor:
             try:
                 ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
-                raise DapqError(f"a Ray worker could not start: {_first_line(exc)}") from None
+                raise DapqError(f"a Ray worker could not start: {_telling_line(exc)}") from None
             self._starting.pop(ready[0], None)
 
     # ----------------------------------------------------------------- running
@@ -244,18 +247,7 @@ class RayExecutor:
                 try:
                     records = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
-                    if getattr(exc, "actor_init_failed", False):  # loading the model failed: so would a retry
-                        raise DapqError(f"a Ray worker could not load the model: {_first_line(exc)}") from None
-                    self._lost(actor, exc, None if idx is None else units[idx])
-                    if idx is not None:
-                        attempts[idx] += 1
-                        if attempts[idx] >= self.max_unit_attempts:
-                            raise DapqError(f"{units[idx].label}: {attempts[idx]} workers died running it; "
-                                            f"giving up ({_first_line(exc)})") from None
-                        queue.appendleft(idx)
-                    if self.deaths > self.max_restarts:
-                        raise DapqError(f"{self.deaths} Ray workers died; giving up ({_first_line(exc)})") from None
-                    self._start()  # a replacement
+                    self._recover(exc, actor, idx, units, attempts, queue)
                     continue
                 except ray.exceptions.RayTaskError as exc:
                     if isinstance(exc.cause, DapqError):  # bad input found by a worker: one line
@@ -273,11 +265,26 @@ class RayExecutor:
                 for actor in list(self._actors):
                     self._drop(actor)
 
+    def _recover(self, exc, actor, idx: int | None, units: list, attempts: list[int], queue: deque) -> None:
+        """A worker died: queue its unit again on a replacement, or give up with one line."""
+        if getattr(exc, "actor_init_failed", False):  # loading the model failed: so would a retry
+            raise DapqError(f"a Ray worker could not load the model: {_telling_line(exc)}") from None
+        self._lost(actor, exc, None if idx is None else units[idx])
+        if idx is not None:
+            attempts[idx] += 1
+            if attempts[idx] >= self.max_unit_attempts:
+                raise DapqError(f"{units[idx].label}: {attempts[idx]} workers died running it; "
+                                f"giving up ({_telling_line(exc)})") from None
+            queue.appendleft(idx)
+        if self.deaths > self.max_restarts:
+            raise DapqError(f"{self.deaths} Ray workers died; giving up ({_telling_line(exc)})") from None
+        self._start()  # a replacement
+
     def _lost(self, actor, exc: BaseException, unit) -> None:
         self.deaths += 1
         self._drop(actor)
         what = f"while running {unit.label}" if unit is not None else "while starting"
-        self.echo(f"a Ray worker died {what}; its work runs again on another worker ({_first_line(exc)})")
+        self.echo(f"a Ray worker died {what}; its work runs again on another worker ({_telling_line(exc)})")
 
     def close(self) -> None:
         """Stop the actors, and the local Ray if this executor started it."""
@@ -303,7 +310,7 @@ class GenerateBatch:
         As for :func:`dapq.load_model` (default: the embedded SmolLM2-135M).
     method : str
         A method name, or ``name(key=value,...)`` as in ``dapq bench --methods``.
-    budget, ratio : optional
+    budget, keep_fraction : optional
         The method's budget (prompt tokens kept per KV head) or kept fraction.
     max_new_tokens, chat, answer_prefix
         As for ``dapq generate``.
@@ -322,27 +329,21 @@ class GenerateBatch:
     """
 
     def __init__(self, model: str | None = None, method: str = "dapq", budget: int | None = None,
-                 ratio: float | None = None, max_new_tokens: int = 64, chat: bool = False,
+                 keep_fraction: float | None = None, max_new_tokens: int = 64, chat: bool = False,
                  answer_prefix: str | None = None, column: str = "prompt", dtype: str = "float32",
                  device: str | None = None, attn_implementation: str = "sdpa", model_spec: ModelSpec | None = None,
                  threads: int | None = None):
-        from ..bulk import MethodDefaults, method_of_record
-        from ..generation import SamplingConfig
-
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        self.method = method_of_record({"method": method}, MethodDefaults(budget=budget, ratio=ratio))
+        self.method = method_of_record({"method": method}, MethodDefaults(budget=budget, keep_fraction=keep_fraction))
         self.sampling = SamplingConfig(max_new_tokens=max_new_tokens)
         self.chat, self.answer_prefix, self.column = chat, answer_prefix, column
         spec = model_spec or ModelSpec(model, dtype=dtype, device=device, attn_implementation=attn_implementation)
         self.model, self.tokenizer = spec.load()
 
     def __call__(self, batch: dict) -> dict:
-        from ..bulk import Request, encode_requests, result_fields
-        from ..generation import generate
-
         rows = list(batch[self.column])
         if not rows:  # Ray Data may hand over an empty block
             return batch

@@ -207,7 +207,7 @@ def test_narrativeqa_prompt(tokenizer):
 
 
 def test_truncation_cuts_the_end_of_the_context(tokenizer):
-    from dapq.generation import encode_prompts
+    from dapq.prompts import encode_prompts
 
     (full,) = build(tokenizer, ("kilt_hotpotqa",), samples=1)
     (short,) = build(tokenizer, ("kilt_hotpotqa",), length=1300, samples=1)

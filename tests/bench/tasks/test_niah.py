@@ -6,7 +6,7 @@ import pytest
 
 from dapq.bench.tasks.niah import exact_number_match, make_needle_prompt
 from dapq.errors import DapqError
-from dapq.generation import encode_prompts
+from dapq.prompts import encode_prompts
 
 
 @pytest.mark.parametrize("length", [200, 400])

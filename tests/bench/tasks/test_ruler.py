@@ -6,7 +6,7 @@ import pytest
 
 from dapq.bench.tasks import TaskArgs, build_samples
 from dapq.bench.tasks.ruler import TASKS
-from dapq.generation import encode_prompts
+from dapq.prompts import encode_prompts
 
 
 @pytest.fixture(scope="module")

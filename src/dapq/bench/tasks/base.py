@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...errors import DapqError
+from ...prompts import encode_prompts
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,6 @@ def fit_to_length(tokenizer, build: Callable[[int], tuple[str, str]], length: in
     list items, distractor needles); what follows the first two items is the caller's. The real prompt is tokenised at every probe, chat template
     included, because BPE merges across unit boundaries make per-unit counts drift.
     """
-    from ...generation import encode_prompts
-
     def size(n: int) -> int:
         prompt, prefix = build(n)[:2]
         return len(encode_prompts(tokenizer, [prompt], chat=chat, answer_prefix=prefix)[0])

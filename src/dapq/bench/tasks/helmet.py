@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import DapqError
+from ...prompts import encode_prompts
 from .base import Sample, TaskArgs, fill, select_tasks, taskset
 from .files import data_root, hub_rows, locate, read_jsonl, require, require_list
 
@@ -186,8 +187,6 @@ def _fit(tokenizer, name: str, user: str, fields: dict, task: HelmetTask, limit:
     re-tokenised prompt can keep a token or two of excess, as it does in HELMET (the runner's
     64-token margin absorbs it).
     """
-    from ...generation import encode_prompts
-
     fields = dict(fields)
     prompt, context_end = _render(user, fields, task)
     excess = len(encode_prompts(tokenizer, [prompt], chat=task.chat)[0]) - limit

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from .. import metrics
 from .base import Sample, TaskArgs, fit_to_length, select_tasks, taskset
 from .haystack import NOISE, haystack_text, sentences
 from .words import ADJECTIVES, NOUNS
@@ -114,6 +115,4 @@ def niah_samples(tokenizer, args: TaskArgs) -> list[Sample]:
 
 def exact_number_match(prediction: str, reference: str) -> float:
     """1.0 when the first number in the prediction is the reference number."""
-    from ..metrics import exact_number_match as metric
-
-    return metric(prediction, [reference])
+    return metrics.exact_number_match(prediction, [reference])

@@ -6,10 +6,12 @@ import pickle
 import subprocess
 import sys
 
-from dapq.bench.executor import LocalExecutor, WorkUnit, run_unit, write_results
-from dapq.bench.runner import parse_methods, run_sweep, work_units
+from dapq.bench.runner import Sweep, run_sweep, work_units
 from dapq.bench.store import ResultsStore
 from dapq.bench.tasks import TaskArgs, build_samples
+from dapq.bench.units import WorkUnit
+from dapq.methods.spec import parse_methods
+from dapq.runs.executor import LocalExecutor, write_results
 
 from conftest import tiny_model
 from helpers import save_tiny
@@ -20,20 +22,25 @@ def _sweep(tokenizer, depths=(0.0, 1.0)):
     return samples, parse_methods("full,dapq,snapkv"), [16, 32]
 
 
+def _units(tokenizer, samples, methods, budgets, store, **options):
+    return work_units(tokenizer, Sweep(tuple(samples), tuple(methods), tuple(budgets), model_id="tiny", **options),
+                      store)
+
+
 def test_units_group_the_pending_cells_of_a_sample(tmp_path, tokenizer):
     samples, methods, budgets = _sweep(tokenizer)
     store = ResultsStore(tmp_path)
-    shared = work_units(tokenizer, samples, methods, budgets, store, model_id="tiny")
+    shared = _units(tokenizer, samples, methods, budgets, store)
     assert [u.sample.sample_id for u in shared] == [s.sample_id for s in samples]
     assert all(len(u.cells) == 5 for u in shared)  # full + 2 methods x 2 budgets, one prefill
-    per_cell = work_units(tokenizer, samples, methods, budgets, store, model_id="tiny", shared_prefill=False)
+    per_cell = _units(tokenizer, samples, methods, budgets, store, shared_prefill=False)
     assert len(per_cell) == 10 and all(len(u.cells) == 1 for u in per_cell)
     assert {k for u in per_cell for k in u.keys} == {k for u in shared for k in u.keys}
     # A unit is shipped to workers: it pickles, and holds token ids and configs, not a model.
     again = pickle.loads(pickle.dumps(shared[0]))
     assert again == shared[0] and isinstance(again.prompt_ids, tuple)
     store.append({"key": shared[0].keys[0]})
-    pending = {u.sample.sample_id: u for u in work_units(tokenizer, samples, methods, budgets, store, model_id="tiny")}
+    pending = {u.sample.sample_id: u for u in _units(tokenizer, samples, methods, budgets, store)}
     first = pending[shared[0].sample.sample_id]
     assert len(first.cells) == 4 and shared[0].keys[0] not in first.keys
     assert pending[shared[1].sample.sample_id].keys == shared[1].keys
@@ -64,13 +71,13 @@ def test_the_writer_records_each_cell_once(tmp_path, tokenizer):
     assert {r["key"]: r["prediction"] for r in twice} == {r["key"]: r["prediction"] for r in local}
 
 
-def test_run_unit_is_what_the_local_runner_records(tmp_path, tokenizer):
+def test_a_unit_runs_to_what_the_local_runner_records(tmp_path, tokenizer):
     model = tiny_model("llama", max_position_embeddings=1024)
     samples, methods, budgets = _sweep(tokenizer, depths=(0.5,))
     store = ResultsStore(tmp_path)
-    (unit,) = work_units(tokenizer, samples, methods, budgets, store, model_id="tiny")
+    (unit,) = _units(tokenizer, samples, methods, budgets, store)
     assert isinstance(unit, WorkUnit)
-    records = run_unit(model, tokenizer, unit)
+    records = unit.run(model, tokenizer)
     assert write_results(LocalExecutor(model, tokenizer), [unit], store, show_progress=False) == 5
     strip = lambda r: {k: v for k, v in r.items() if not k.endswith("_s") and k != "decode_tokens_per_s"}  # noqa: E731
     assert [strip(r) for r in records] == [strip(r) for r in store]

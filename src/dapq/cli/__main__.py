@@ -1,0 +1,5 @@
+"""``python -m dapq.cli``."""
+
+from . import main
+
+main()

@@ -1,0 +1,82 @@
+"""`dapq bench` and `dapq report`: sweeps from the command line, and every bad input -> one line, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_cli
+
+run = run_cli
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["nope"], "unknown task set"),
+    (["niah", "--lengths", "100000"], "longer than the model's context"),
+    (["longbench", "--data", "/no/such/dir"], "no such data directory"),
+    (["niah", "--budgets", "64,abc"], "budgets must be integers"),
+    (["niah", "--methods", "full,bogus"], "unknown method"),
+    (["niah", "--methods", "dapq(preset='nope')"], "no preset"),
+    (["niah", "--decode-batch", "0"], "--decode-batch"),
+    (["niah", "--compress", "question"], "--compress must be one of prompt, context"),
+    (["niah", "--keep-fractions", "0.5,1.5"], "kept fractions must lie in (0, 1)"),
+    (["niah", "--methods", "full,kvpress:"], "cannot parse method"),
+    (["niah", "--methods", "snapkv(window=x)"], "bad parameter"),
+    (["niah", "--lengths", "200", "--depths", "0.001,0.004"], "two samples share the id"),
+    (["niah", "--depths", "0,1.5"], "--depths must lie in [0, 1]"),
+    (["niah", "--depths", "-0.1"], "--depths must lie in [0, 1]"),
+    (["niah", "--samples", "0"], "--samples must be >= 1"),
+    (["niah", "--workers", "2"], "need --ray"),
+    (["niah", "--ray=somewhere:6379", "--workers", "0"], "--workers must be >= 1"),  # --ray=ADDR is parsed
+])
+def test_bench_bad_input(capsys, model_dir, tmp_path, args, needle):
+    code, _, err = run(capsys, "bench", *args, "--model", model_dir, "--out", str(tmp_path / "o"))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_context_mode_with_ratios(capsys, model_dir, tmp_path):
+    out = tmp_path / "ctx"
+    code, stdout, err = run(capsys, "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0.5",
+                            "--samples", "1", "--methods", "full,dapq", "--keep-fractions", "0.5", "--compress", "context",
+                            "--out", str(out))
+    assert code == 0, err
+    assert "| method | budget | compress | NIAH |" in stdout and "| dapq | 50% | context |" in stdout
+    assert "| dapq | 64 |" not in stdout  # --keep-fractions alone: no default budgets
+
+
+def test_bench_out_is_a_file(capsys, model_dir, tmp_path):
+    path = tmp_path / "results.txt"
+    path.write_text("mine\n")
+    code, _, err = run(capsys, "bench", "niah", "--model", model_dir, "--out", str(path))
+    assert code == 2 and "not a directory" in err and len(err.strip().splitlines()) == 1, err
+    assert path.read_text() == "mine\n"
+
+
+def test_bench_bad_data_file_is_one_line(capsys, model_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "trec.jsonl").write_text('{"input": "q", "context": "c"}\n')
+    code, _, err = run(capsys, "bench", "longbench", "--data", str(tmp_path), "--tasks", "trec", "--model", model_dir,
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{data / 'trec.jsonl'}: row 1 has no field 'answers'" in err
+    code, _, err = run(capsys, "bench", "helmet", "--data", str(tmp_path), "--tasks", "kilt_nq", "--model", model_dir,
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "kilt/nq-dev-multikilt_1000_k50_dep6.jsonl: missing" in err
+
+
+def test_bench_then_report(capsys, model_dir, tmp_path):
+    out = tmp_path / "sweep"
+    args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0,1", "--samples", "1",
+            "--methods", "full,dapq", "--budgets", "16", "--out", str(out)]
+    code, stdout, err = run(capsys, *args)
+    assert code == 0, err
+    assert "| full | all |" in stdout and "| dapq | 16 |" in stdout
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 4
+    code, stdout, _ = run(capsys, *args)  # a re-run finds every cell done
+    assert code == 0 and (out / "results.jsonl").read_text().splitlines() == lines
+    code, stdout, err = run(capsys, "report", str(out))
+    assert code == 0 and "## niah" in stdout and (out / "niah-budget.png").exists()
+    code, _, err = run(capsys, "report", str(tmp_path / "empty"))
+    assert code == 2 and "no results.jsonl" in err
