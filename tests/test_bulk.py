@@ -61,7 +61,7 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("line, message", [
-    ("{not json", "not JSON"),
+    ("{not json", "not valid JSON"),
     ('{"prompt": "x"}', "missing id"),
     ('{"id": "a", "prompt": "x"}', "duplicate id 'a' (first on line 1)"),
     ('{"id": "z"}', "exactly one of prompt and messages"),

@@ -33,7 +33,7 @@ from .methods.registry import build_from_options
 from .methods.spec import KVPRESS, parse_methods
 from .prompts import encode_prompts
 from .runs.executor import Executor, write_results
-from .runs.log import JsonlLog
+from .runs.log import JsonlLog, json_objects
 
 
 class GenerationLog(JsonlLog):
@@ -120,47 +120,40 @@ def _messages(value) -> tuple:
 def read_requests(path: str | Path, defaults: MethodDefaults) -> list[Request]:
     """Parse and validate an input file; any bad line is a :class:`DapqError` naming file and line."""
     path = Path(path)
+    if path.is_dir():
+        raise DapqError(f"{path}: is a directory, not a JSONL file of requests")
     if not path.is_file():
         raise DapqError(f"{path}: no such file")
     requests: list[Request] = []
     seen: dict = {}
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DapqError(f"{where}: not UTF-8 text") from None
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError as exc:
-                raise DapqError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise DapqError(f"{where}: a request must be a JSON object")
-            rid = rec.get("id")
-            if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
-                raise DapqError(f"{where}: missing id (a non-empty string or an integer)")
-            if rid in seen:
-                raise DapqError(f"{where}: duplicate id {rid!r} (first on line {seen[rid]})")
-            seen[rid] = number
-            if ("prompt" in rec) == ("messages" in rec):
-                raise DapqError(f"{where}: give exactly one of prompt and messages")
-            try:
-                if "prompt" in rec:
-                    if not isinstance(rec["prompt"], str) or not rec["prompt"].strip():
-                        raise DapqError("the prompt must be a non-empty string")
-                    prompt, messages = rec["prompt"], None
-                else:
-                    prompt, messages = None, _messages(rec["messages"])
-                method = method_of_record(rec, defaults)
-            except DapqError as exc:
-                raise DapqError(f"{where}: {exc}") from None
-            requests.append(Request(id=rid, line=number, method=method, prompt=prompt, messages=messages))
+    for number, rec in json_objects(path, "a request per line"):
+        where = f"{path}:{number}"
+        try:
+            requests.append(_request(rec, number, defaults, seen))
+        except DapqError as exc:
+            raise DapqError(f"{where}: {exc}") from None
     if not requests:
         raise DapqError(f"{path}: no requests")
     return requests
+
+
+def _request(rec: dict, number: int, defaults: MethodDefaults, seen: dict) -> Request:
+    """One input line as a request (``seen``: the ids so far, with their lines)."""
+    rid = rec.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+        raise DapqError("missing id (a non-empty string or an integer)")
+    if rid in seen:
+        raise DapqError(f"duplicate id {rid!r} (first on line {seen[rid]})")
+    seen[rid] = number
+    if ("prompt" in rec) == ("messages" in rec):
+        raise DapqError("give exactly one of prompt and messages")
+    if "prompt" in rec:
+        if not isinstance(rec["prompt"], str) or not rec["prompt"].strip():
+            raise DapqError("the prompt must be a non-empty string")
+        prompt, messages = rec["prompt"], None
+    else:
+        prompt, messages = None, _messages(rec["messages"])
+    return Request(id=rid, line=number, method=method_of_record(rec, defaults), prompt=prompt, messages=messages)
 
 
 def encode_requests(requests: Sequence[Request], tokenizer, path: str | Path, *, chat: bool = False,

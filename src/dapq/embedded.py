@@ -30,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .compat import tokenizer_round_trips
 from .errors import DapqError
 
 EMBEDDED_MODEL = "smollm2-135m"
@@ -110,8 +111,6 @@ def convert(gguf_path: Path, out: Path) -> None:
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from .compat import tokenizer_round_trips
 
     meta = _tokenizer_metadata(gguf_path)
     loaded_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

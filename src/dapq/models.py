@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .compat import attention_implementations
 from .embedded import EMBEDDED_MODEL, embedded_model_dir
 from .errors import DapqError, UnsupportedModelError, first_line
 
@@ -107,8 +108,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def check_attention(attn_implementation: str, device: torch.device, dtype: torch.dtype | None = None) -> None:
     """Reject an attention implementation this transformers release, this device or this dtype cannot run."""
-    from .compat import attention_implementations
-
     valid = attention_implementations()
     if attn_implementation not in valid:
         import transformers

@@ -147,11 +147,7 @@ def attention_scores(
         # key (DapQ's pseudo queries over the keys of an unpadded prompt).
         masked = key_valid is not None or min(cols) < horizon - 1
         if masked:
-            cols_t = torch.as_tensor(list(cols), device=keys.device)
-            visible = (key_cols[None, :horizon] <= cols_t[:, None])[None, None, None]
-            if key_valid is not None:
-                visible = visible & key_valid[:, None, None, None, :horizon]
-            logits.masked_fill_(~visible, float("-inf"))
+            logits.masked_fill_(~_visible(cols, key_cols[:horizon], key_valid), float("-inf"))
         probs = torch.softmax(logits, dim=-1)
         if masked:
             probs.nan_to_num_(nan=0.0)  # a query with no visible key (H2O's padding queries) gives NaN rows
@@ -177,6 +173,15 @@ def attention_scores(
             count = query_valid.sum(dim=1).clamp(min=1).float()
         scores = scores / count[:, None, None]
     return scores
+
+
+def _visible(cols, key_cols: Tensor, key_valid: Tensor | None) -> Tensor:
+    """(B or 1, 1, 1, Q, S) which keys each query of a block sees: causal, and real keys only."""
+    cols_t = torch.as_tensor(list(cols), device=key_cols.device)
+    visible = (key_cols[None, :] <= cols_t[:, None])[None, None, None]
+    if key_valid is not None:
+        visible = visible & key_valid[:, None, None, None, : key_cols.shape[0]]
+    return visible
 
 
 def reduce_groups(scores: Tensor, n_kv_heads: int, mode: str = "mean") -> Tensor:

@@ -252,3 +252,32 @@ def test_parse_keep_fractions():
     specs = parse_methods("full,snapkv")
     assert [(s.name, b, r) for s, b, r in cells(specs, [64], [0.5])] == [
         ("full", None, None), ("snapkv", 64, None), ("snapkv", None, 0.5)]
+
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy-v1"
+#: The methods of the legacy file, under today's names (it was written with window=16 for DapQ's
+#: N, prompt_window, recent_tokens, H2O's window and --ratios).
+TODAYS_NAMES = ("full,dapq,dapq(n_pseudo=16),dapq(preset='paper'),dapq_hybrid(window=4),snapkv(window=4),"
+                "pyramidkv,h2o(keep_recent=4),streamingllm,lacache(keep_recent=8),deferkv(steps=2,window=4),random")
+
+
+def test_a_results_file_from_before_the_rename_resumes_with_no_cell_recomputed(tmp_path, tokenizer, capsys):
+    out = tmp_path / "old"
+    shutil.copytree(LEGACY, out)
+    before = (out / "results.jsonl").read_bytes()
+    model = tiny_model("llama", max_position_embeddings=1024)
+    samples = build_samples("niah", tokenizer, TaskArgs(lengths=(200,), samples=1, depths=(0.5,)))
+    for mode in ("prompt", "context"):
+        ran = run_sweep(model, tokenizer, samples, parse_methods(TODAYS_NAMES), [16], ResultsStore(out),
+                        model_id="tiny", show_progress=False, keep_fractions=[0.5], compress=mode)
+        assert ran == 0, mode
+    assert (out / "results.jsonl").read_bytes() == before
+    # A setting old files could not hold is a new cell, not a match of an old one.
+    assert run_sweep(model, tokenizer, samples, parse_methods("snapkv(window=4,layer_budget='pyramid')"), [16],
+                     ResultsStore(out), model_id="tiny", show_progress=False) == 1
+    # The report reads the old records under today's names.
+    records = list(ResultsStore.open_existing(out))
+    assert all("ratio" not in r and "ratio" not in r["config"] for r in records)
+    assert {r["label"] for r in records} >= {"dapq(n_pseudo=16)", "lacache(keep_recent=8)", "h2o(keep_recent=4)"}
+    code, stdout, _ = run_cli(capsys, "report", str(out), "--no-plots")
+    assert code == 0 and "| dapq(n_pseudo=16) | 16 |" in stdout and "| snapkv(window=4) | 50% |" in stdout

@@ -195,6 +195,29 @@ class JsonlLog:
         self._keys.add(record[self.key_field])
 
 
+def json_objects(path: Path, what: str) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines input file.
+
+    Any line that is not UTF-8, not JSON or not an object is a :class:`DapqError` naming the file,
+    the line and ``what`` the file should hold: user data fails in one line, before any work.
+    """
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DapqError(f"{path}:{number}: not UTF-8 text ({what})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise DapqError(f"{path}:{number}: not valid JSON ({what}: {exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DapqError(f"{path}:{number}: expected a JSON object ({what})")
+            yield number, row
+
+
 def parse_line(line: bytes, path: Path, number: int, what: str):
     try:
         return json.loads(line)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ...errors import DapqError, first_line
+from ...runs.log import json_objects
 from .base import TaskArgs
 
 HUB = "hub"
@@ -45,22 +46,7 @@ def read_jsonl(path: Path, what: str) -> list[dict]:
     """The JSON objects of a JSON-lines file; ``what`` says what the file should be."""
     if not path.is_file():
         raise DapqError(f"{path}: missing ({what})")
-    rows = []
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DapqError(f"{path}:{number}: not UTF-8 text ({what})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise DapqError(f"{path}:{number}: not valid JSON ({what}: one JSON object per line)") from None
-            if not isinstance(row, dict):
-                raise DapqError(f"{path}:{number}: expected a JSON object ({what})")
-            rows.append(row)
+    rows = [row for _, row in json_objects(path, what)]
     if not rows:
         raise DapqError(f"{path}: empty ({what})")
     return rows
