@@ -91,9 +91,14 @@ def method_of_record(rec: dict, defaults: MethodDefaults) -> Method:
     fraction = rec.get("keep_fraction") if own_budget else defaults.keep_fraction
     if budget is not None and fraction is not None:
         raise DapqError("give a budget or a keep_fraction, not both")
-    if "method" not in rec:
+    if "method" not in rec and "(" not in defaults.method:
         return build_from_options(defaults.method, budget=budget, keep_fraction=fraction, window=defaults.window,
-                                   content=defaults.content, preset=defaults.preset)
+                                  content=defaults.content, preset=defaults.preset)
+    if "method" not in rec:  # the command's --method written as a spec, e.g. dapq(n_pseudo=16)
+        if defaults.window is not None or defaults.content is not None or defaults.preset is not None:
+            raise DapqError("give the method's parameters inside --method (name(key=value,...)) or as "
+                            "--window/--content/--preset, not both")
+        rec = {**rec, "method": defaults.method}
     if not isinstance(rec["method"], str):
         raise DapqError("method must be a string such as \"snapkv\" or \"dapq(n_pseudo=16)\"")
     if rec["method"].startswith(KVPRESS):

@@ -165,3 +165,17 @@ def test_unsupported_architecture(capsys, gpt2_dir):
 def test_missing_model_dir(capsys):
     code, _, err = run(capsys, "generate", "--model", "./no/such/dir", "--budget", "8", "--prompt", "hi")
     assert code == 2 and "no such model directory" in err
+
+
+def test_method_specs_and_the_keep_fraction_reach_the_method(capsys, model_dir):
+    code, out, err = run(capsys, "generate", "--model", model_dir, "--method", "dapq(n_pseudo=8,keep_recent=2)",
+                         "--keep-fraction", "0.5", "--prompt", "The grass is green. The sky is blue.",
+                         "--max-new-tokens", "2", "--json")
+    assert code == 0, err
+    config = json.loads(out)["config"]
+    assert (config["n_pseudo"], config["keep_recent"], config["keep_fraction"]) == (8, 2, 0.5)
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--ratio", "0.5", "--prompt", "x")
+    assert code == 2 and "--ratio" in err and len(err.strip().splitlines()) == 1  # the old name is gone
+    code, _, err = run(capsys, "generate", "--model", model_dir, "--method", "dapq(n_pseudo=8)", "--content",
+                       "fixed", "--budget", "4", "--prompt", "x")
+    assert code == 2 and "not both" in err

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import typer
 
-from ..bulk import GenerationLog, MethodDefaults, encode_requests, read_requests, result_fields, run_bulk
+from ..bulk import (
+    GenerationLog,
+    MethodDefaults,
+    encode_requests,
+    method_of_record,
+    read_requests,
+    result_fields,
+    run_bulk,
+)
 from ..context import ask, compress_context
 from ..errors import ConfigError, DapqError
 from ..generation import SamplingConfig
 from ..generation import generate as run_generate
-from ..methods.registry import build_from_options
 from ..models import ModelSpec
 from . import options as opt
 from .app import app
@@ -35,9 +42,8 @@ class _Job:
     as_json: bool
 
     def method(self):
-        d = self.defaults
-        return build_from_options(d.method, budget=d.budget, keep_fraction=d.keep_fraction, window=d.window,
-                                  content=d.content, preset=d.preset)
+        """The method of ``--method`` (a name, or ``name(key=value,...)``) and its options."""
+        return method_of_record({}, self.defaults)
 
     def load(self):
         return load(self.model, dtype=self.dtype, device=self.device, attn=self.attn)
@@ -56,7 +62,8 @@ def generate(
                                      "there are skipped)."),
     batch_size: int = typer.Option(4, "--batch-size", help="Bulk: requests of one method generated together."),
     model: str = opt.MODEL,
-    method: str = typer.Option("dapq", "--method", help="Compression method."),
+    method: str = typer.Option("dapq", "--method", help="Compression method: a name, or name(key=value,...) "
+                               "as in `dapq bench --methods`, e.g. 'dapq(n_pseudo=16)'."),
     budget: int = typer.Option(None, "--budget", help="Prompt tokens kept per KV head per layer."),
     keep_fraction: float = opt.KEEP_FRACTION,
     window: int = typer.Option(None, "--window", help="Observation window W (SnapKV, the variants)."),
