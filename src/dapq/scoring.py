@@ -98,9 +98,9 @@ def attention_scores(
     scaling : float
         The model's softmax scale (``1/sqrt(d)``).
     n_scored : int
-        Return scores for keys ``[:n_scored]`` only. The softmax still normalises over every
+        Return scores for keys ``[:n_scored]`` only. The softmax still normalizes over every
         visible key in ``[:S]``: passing prompt + pseudo keys with ``n_scored = P`` gives the
-        "normalise over prompt plus pseudo keys" variant of DapQ.
+        "normalize over prompt plus pseudo keys" variant of DapQ.
     query_reduce : {"sum", "mean", "max"}
         How the Q distributions are combined (SnapKV sums, kvpress averages; for top-k the two are
         equivalent).

@@ -2,7 +2,7 @@
 
 :func:`trace_decode` decodes T greedy tokens with the full cache and records, at every layer,
 the queries of the fed tokens (before and after RoPE) and each query's softmax attention over the
-prompt keys (normalised, as in the real decode, over prompt plus already generated keys).
+prompt keys (normalized, as in the real decode, over prompt plus already generated keys).
 :func:`capture_pseudo_queries` records the pseudo queries a DapQ prefill computes. Both use the
 scoring toolkit's own query projection, so the analyses measure exactly what the methods use.
 """

@@ -72,7 +72,7 @@ def rouge1_recall(prediction: str, references: Sequence[str]) -> float:
 
 # --------------------------------------------------------------------------- LongBench
 def normalize_answer(s: str) -> str:
-    """SQuAD normalisation (LongBench's and HELMET's): lower case, no punctuation, articles, extra spaces."""
+    """SQuAD normalization (LongBench's and HELMET's): lower case, no punctuation, articles, extra spaces."""
     s = s.lower()
     s = "".join(ch for ch in s if ch not in set(string.punctuation))
     s = re.sub(r"\b(a|an|the)\b", " ", s)
@@ -89,7 +89,7 @@ def _token_f1(pred_tokens: list[str], ref_tokens: list[str]) -> float:
 
 
 def qa_f1(prediction: str, references: Sequence[str]) -> float:
-    """LongBench ``qa_f1_score``: token F1 of the normalised texts (hand-written there too)."""
+    """LongBench ``qa_f1_score``: token F1 of the normalized texts (hand-written there too)."""
     return _token_f1(normalize_answer(prediction).split(), normalize_answer(references[0]).split())
 
 
@@ -188,13 +188,13 @@ def choice_accuracy(prediction: str, references: Sequence[str]) -> float:
 
 # --------------------------------------------------------------------------- HELMET
 def exact_match(prediction: str, references: Sequence[str]) -> float:
-    """HELMET ``exact_match``: the normalised prediction equals a normalised reference."""
+    """HELMET ``exact_match``: the normalized prediction equals a normalized reference."""
     pred = normalize_answer(prediction)
     return float(any(pred == normalize_answer(r) for r in references))
 
 
 def substring_exact_match(prediction: str, references: Sequence[str]) -> float:
-    """HELMET ``substring_exact_match``: a normalised reference occurs in the normalised prediction."""
+    """HELMET ``substring_exact_match``: a normalized reference occurs in the normalized prediction."""
     pred = normalize_answer(prediction)
     return float(any(normalize_answer(r) in pred for r in references))
 
@@ -202,7 +202,7 @@ def substring_exact_match(prediction: str, references: Sequence[str]) -> float:
 def helmet_f1(prediction: str, references: Sequence[str]) -> float:
     """HELMET ``f1``: token F1, best over references, 0 on a yes/no/noanswer mismatch.
 
-    HELMET's ``f1_score`` scores 0 whenever either normalised side is "yes", "no" or
+    HELMET's ``f1_score`` scores 0 whenever either normalized side is "yes", "no" or
     "noanswer" and the two sides differ, even if they share tokens.
     """
     pred = normalize_answer(prediction)
