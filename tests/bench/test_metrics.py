@@ -46,7 +46,7 @@ from dapq.bench.metrics import (
     ("exact_number", " 4,817,263.", ["4817263"], 1.0),
     # ROUGE-1 recall: 3 of the 4 reference words (after dropping "the").
     ("rouge1_recall", "eat a sandwich in a park", ["eat the sandwich in Dolores"], 3 / 4),
-    # HELMET: normalised equality, normalised substring.
+    # HELMET: normalized equality, normalized substring.
     ("exact_match", "The Paris!", ["paris"], 1.0),
     ("exact_match", "Paris, France", ["paris"], 0.0),
     ("substring_exact_match", "It is clover, a legume.", ["Clover"], 1.0),
