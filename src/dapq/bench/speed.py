@@ -278,9 +278,30 @@ def decode_estimate(single: PrefillResult, batch: int, steps: int, model) -> int
     return batch * (kv + per_token * (steps + 1) + logits) + 64 * 2**20
 
 
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second (read + written) of a large tensor copy on ``device``: the memory ceiling."""
+    src = torch.rand(256 * 2**20 if device.type == "cuda" else 64 * 2**20, device=device)
+    dst = torch.empty_like(src)
+    sync = _sync_fn(device)
+    times = []
+    for _ in range(5):
+        sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * 4 * (256 * 2**20 if device.type == "cuda" else 64 * 2**20) / sorted(times)[2]
+
+
 def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
-                clock: Clock = time.perf_counter) -> dict:
-    """Greedy decoding of ``cfg.decode_tokens`` tokens for ``batch`` copies of a prefilled prompt."""
+                clock: Clock = time.perf_counter, bandwidth: float | None = None) -> dict:
+    """Greedy decoding of ``cfg.decode_tokens`` tokens for ``batch`` copies of a prefilled prompt.
+
+    With ``bandwidth`` (bytes/s), the record also holds the memory-bandwidth bound: a step reads
+    every weight and every cached key and value once, so no decode beats
+    ``batch * bandwidth / (weight bytes + KV bytes)`` tokens per second.
+    """
     device = model.device
     state = single.repeat(batch) if batch > 1 else single
     widths = [layer.keys.shape[2] for layer in state.cache.layers]
@@ -301,9 +322,12 @@ def decode_cell(model, single: PrefillResult, batch: int, cfg: SpeedConfig, *,
         timing, _ = measure(run, repeats=cfg.repeats, warmup=cfg.warmup, clock=clock, sync=_sync_fn(device))
     for layer, width in zip(state.cache.layers, widths, strict=True):
         compat.truncate(layer, width)
+    weights = sum(p.nbytes for p in model.parameters())
+    bound = None if bandwidth is None else batch * bandwidth / (weights + kv_held)
     return {
         "decode_s": timing.to_dict(),
         "tokens_per_s": batch * steps / timing.median,
+        "weight_bytes": weights, "bandwidth_bytes_per_s": bandwidth, "bound_tokens_per_s": bound,
         "kv_bytes_kept": kv_held,
         "kv_bytes_full": state.stats.kv_bytes_full,
         "kept_per_layer": state.cache.kept_per_layer(),
@@ -390,6 +414,11 @@ class SpeedRun:
         return record
 
     @cached_property
+    def bandwidth(self) -> float:
+        """This device's copy bandwidth, measured once per run (the decode cells' bound)."""
+        return copy_bandwidth(self.model.device)
+
+    @cached_property
     def text_tokenizer(self):
         """What turns a text pseudo context (DapQ's ``fixed`` content) into ids; a placeholder
         for random-weight models, whose speed does not depend on which ids they are. Built once
@@ -467,8 +496,8 @@ class SpeedRun:
                 if limit is not None and need > limit:
                     self._save(base, {"oom": True, "predicted": True, "need_bytes": need, "limit_bytes": limit})
                     break
-                record = self._guarded(base, lambda b=batch, s=single: decode_cell(self.model, s, b, self.cfg,
-                                                                                   clock=self.clock))
+                record = self._guarded(base, lambda b=batch, s=single: decode_cell(
+                    self.model, s, b, self.cfg, clock=self.clock, bandwidth=self.bandwidth))
                 if record.get("oom"):
                     break
             del single

@@ -71,7 +71,9 @@ def _ratio(value: float | None, ref: float | None, same: bool) -> str:
 
 
 def throughput_table(index: _Index, setting: tuple) -> tuple[list[str], list[list[str]]]:
-    """Decode tokens/s by batch size, ratio to FullKV at the same batch."""
+    """Decode tokens/s by batch size, ratio to FullKV at the same batch, and the share of the
+    memory-bandwidth bound (weights + KV bytes a step must read, over the device's measured copy
+    bandwidth)."""
     model, device, dtype, _ = setting
     contexts = index.values("decode", 4)
     batches = index.values("decode", 5)
@@ -89,7 +91,10 @@ def throughput_table(index: _Index, setting: tuple) -> tuple[list[str], list[lis
                 else:
                     full, same = index.get((model, device, dtype, "decode", context, b), "full", r.get("session"))
                     ref = None if full is None or full.get("oom") else full["tokens_per_s"]
-                    cells.append(f"{r['tokens_per_s']:.1f}{_ratio(r['tokens_per_s'], ref, same) if label != 'full' else ''}")
+                    bound = r.get("bound_tokens_per_s")
+                    share = f" [{100 * r['tokens_per_s'] / bound:.0f}% of bound]" if bound else ""
+                    cells.append(f"{r['tokens_per_s']:.1f}{_ratio(r['tokens_per_s'], ref, same) if label != 'full' else ''}"
+                                 f"{share}")
             if any(c != "-" for c in cells):
                 rows.append([label, str(budget or "all"), str(context), *cells])
         for peer in sorted({k[-1] for k in index.by if k[3] == "peer" and k[4] == context}):
