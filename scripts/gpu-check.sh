@@ -15,13 +15,15 @@ OUT=${1:-docs/results/speed-gpu}
 DEVICE=${DEVICE:-cuda}
 TOY=${TOY:-0}
 PY=${PY:-python3}
+# The carried wheels are built for the GPU machine's Python (3.12); a toy run uses the caller's env.
+WHEELS=${WHEELS:-$([ "$TOY" = 1 ] && echo 0 || echo 1)}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl/dapq ]; then
+if [ "$WHEELS" = 1 ] && [ -d .whl/dapq ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/dapq-site .whl/dapq/*.whl
     export PYTHONPATH="$PWD/src:/tmp/dapq-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if [ -d .whl/kvpress ]; then
+if [ "$WHEELS" = 1 ] && [ -d .whl/kvpress ]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/kvpress-site .whl/kvpress/*.whl
     cat > /tmp/kvpress-python <<WRAP
 #!/usr/bin/env bash
@@ -35,7 +37,7 @@ dapq() { "$PY" -m dapq.cli "$@"; }
 
 { "$PY" -c 'import torch, transformers, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
   "transformers", transformers.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name(0))'
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
 } | tee "$OUT/machine.txt"
 
 # 1. Equivalence on the device: kept sets and tokens against the CPU (fp32 exact, bf16 overlap),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapq.bulk import GenerationLog
+from dapq.errors import DapqError
 
 from conftest import TOKENIZER
 from helpers import lock_held_by_another_process, run_cli, save_tiny
@@ -117,3 +118,20 @@ def test_the_output_is_locked_against_a_second_writer(model_dir, tmp_path, capsy
     assert run_cli(capsys, "generate", "--model", model_dir, "--budget", "8", "--input", src, "--output",
                    str(out), "--max-new-tokens", "4")[0] == 0
     assert [r["id"] for r in GenerationLog(out, writable=False)] == ["a"]
+
+
+def test_a_deleted_output_stops_its_writer_and_a_last_line_without_newline_is_kept(tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    first = GenerationLog(out)
+    first.append({"id": "a", "text": "x"})
+    out.unlink()  # deleted in mid-run: the first writer's lock now guards nothing
+    second = GenerationLog(out)
+    second.append({"id": "a", "text": "y"})
+    with pytest.raises(DapqError, match="deleted or replaced"):
+        first.append({"id": "b", "text": "x"})
+    second.close()
+    first.close()
+    with open(out, "a") as fh:
+        fh.write('{"id": "b", "text": "z"}')  # a whole record whose newline was lost
+    assert [(r["id"], r["text"]) for r in GenerationLog(out)] == [("a", "y"), ("b", "z")]
+    assert out.read_text().endswith('"z"}\n') and "torn" not in capsys.readouterr().err

@@ -35,6 +35,46 @@ def test_store_round_trip_and_torn_last_line(tmp_path, capsys):
     assert [json.loads(line)["key"] for line in store.path.read_text().splitlines()[1:]] == ["a", "b", "c"]
 
 
+def test_a_whole_last_record_without_its_newline_is_kept_and_its_line_completed(tmp_path, capsys):
+    store = ResultsStore(tmp_path)
+    store.append({"key": "a", "score": 1.0})
+    with open(store.path, "a") as fh:
+        fh.write('{"key": "b", "score": 0.5}')  # complete, but its newline never reached the disk
+    assert [r["key"] for r in ResultsStore.open_existing(tmp_path)] == ["a", "b"]  # a reader keeps it too
+    again = ResultsStore(tmp_path)
+    assert [r["key"] for r in again] == ["a", "b"] and "torn" not in capsys.readouterr().err
+    again.append({"key": "c", "score": 0.0})
+    lines = store.path.read_text().splitlines()[1:]
+    assert [json.loads(line) for line in lines] == [{"key": "a", "score": 1.0}, {"key": "b", "score": 0.5},
+                                                   {"key": "c", "score": 0.0}]
+
+
+def test_a_deleted_output_stops_its_writer_instead_of_sharing_the_new_one(tmp_path):
+    out = tmp_path / "sweep"
+    first = ResultsStore(out)
+    first.append({"key": "a"})
+    shutil.rmtree(out)  # deleted while the first run writes
+    second = ResultsStore(out)  # a second run takes the new directory's lock
+    second.append({"key": "a"})
+    with pytest.raises(DapqError, match="deleted or replaced while this run wrote it"):
+        first.append({"key": "b"})
+    second.append({"key": "b"})
+    assert [r["key"] for r in ResultsStore.open_existing(out)] == ["a", "b"]  # one writer, no duplicates
+    first.close()
+    second.close()
+
+
+def test_duplicate_keys_count_once_in_a_resume_and_a_report(tmp_path, capsys):
+    store = ResultsStore(tmp_path)
+    for key, score in (("a", 0.0), ("b", 1.0), ("a", 1.0)):  # two writers once appended "a" twice
+        store.append({"key": key, "score": score})
+    assert store.path.read_text().count("\n") == 4
+    store.close()
+    again = ResultsStore.open_existing(tmp_path)
+    assert len(again) == 2 and again.get("a")["score"] == 1.0 and [r["key"] for r in again] == ["a", "b"]
+    assert "1 duplicate record(s)" in capsys.readouterr().err
+
+
 def test_store_refuses_foreign_and_corrupt_files(tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()

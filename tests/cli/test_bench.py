@@ -80,3 +80,61 @@ def test_bench_then_report(capsys, model_dir, tmp_path):
     assert code == 0 and "## niah" in stdout and (out / "niah-budget.png").exists()
     code, _, err = run(capsys, "report", str(tmp_path / "empty"))
     assert code == 2 and "no results.jsonl" in err
+
+
+def test_an_interrupted_bench_exits_130_keeps_its_records_and_resumes(model_dir, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "dapq.cli", "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths",
+            ",".join(str(d / 10) for d in range(11)), "--samples", "4", "--methods", "full,dapq,snapkv,h2o",
+            "--budgets", "16,32,48", "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not results.exists() or results.read_text().count("\n") < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=60)
+    kept = [json.loads(line)["key"] for line in results.read_text().splitlines()[1:]]
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("dapq: interrupted; kept what had finished (")
+    assert f"{len(kept)} in {results}" in err and "Traceback" not in err and "| full |" not in stdout
+    # The same command resumes: the kept records stay as they were, and each key is written once.
+    done = subprocess.run(args[:-6] + ["--methods", "full", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    after = [json.loads(line)["key"] for line in results.read_text().splitlines()[1:]]
+    assert after[: len(kept)] == kept and len(set(after)) == len(after)
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes(capsys, model_dir, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import dapq.runs.log as log
+
+    out = tmp_path / "sweep"
+    args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0,0.5,1", "--samples", "1",
+            "--methods", "full,dapq", "--budgets", "16", "--out", str(out)]
+    real, calls = os.fsync, {"n": 0}
+
+    def fsync(fd):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(log.os, "fsync", fsync)
+    code, stdout, err = run(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "No space left on device" in err and "the 2 records before it are kept" in err and "| full |" not in stdout
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 2  # the failed record's partial line was cut
+    monkeypatch.setattr(log.os, "fsync", real)
+    code, stdout, err = run(capsys, *args)
+    assert code == 0 and (out / "results.jsonl").read_text().splitlines()[:3] == lines
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1 + 6

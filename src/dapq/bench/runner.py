@@ -15,7 +15,7 @@ from ..prompts import encode_context, encode_prompts, encode_question
 from ..runs.executor import Executor, LocalExecutor, write_results
 from .store import ResultsStore, cell_key
 from .tasks import Sample
-from .units import Cell, WorkUnit
+from .units import DEFAULT_PRECISION, Cell, WorkUnit
 
 if TYPE_CHECKING:
     from ..models import ModelSpec
@@ -79,6 +79,10 @@ class Sweep:
         What the kvpress child loads (kvpress peers need it).
     max_context : int, optional
         The model's context length, to refuse prompts that do not fit before anything runs.
+    precision : (str, str)
+        The dtype and device type the cells run in (``("bfloat16", "cuda")``; "auto" where Ray
+        workers pick their device). Part of every key and record; a results directory made in
+        another precision is refused.
     """
 
     samples: tuple[Sample, ...]
@@ -91,6 +95,7 @@ class Sweep:
     decode_batch: int = 8
     model_spec: ModelSpec | None = None
     max_context: int | None = None
+    precision: tuple[str, str] = DEFAULT_PRECISION
 
     def __post_init__(self) -> None:
         if self.compress not in COMPRESS_MODES:
@@ -112,12 +117,35 @@ def run_sweep(model, tokenizer, samples: list[Sample], methods: list[MethodSpec]
     """
     if model is not None:
         options["max_context"] = getattr(model.config, "max_position_embeddings", None)
+        options["precision"] = (str(model.dtype).removeprefix("torch."), model.device.type)
+    elif "precision" not in options:
+        # A Ray executor's spec names the device its workers were given; a bare spec may leave it open.
+        spec = getattr(executor, "spec", None) or options.get("model_spec")
+        if spec is not None:
+            options["precision"] = (spec.dtype, (spec.device or "auto").split(":")[0])
     sweep = Sweep(samples=tuple(samples), methods=tuple(methods), budgets=tuple(budgets),
                   **{k: tuple(v) if k == "keep_fractions" else v for k, v in options.items()})
+    check_precision(store, sweep.precision)
     units = work_units(tokenizer, sweep, store)
     if executor is None:
         executor = LocalExecutor(model, tokenizer)
     return write_results(executor, units, store, show_progress=show_progress)
+
+
+def check_precision(store: ResultsStore, precision: tuple[str, str]) -> None:
+    """Refuse to add cells of one precision to a results directory made in another.
+
+    Keys differ between precisions, so nothing would be reused by mistake, but one report would
+    then average fp32 CPU rows with bf16 GPU rows under one name. Records older than the
+    ``dtype``/``device`` fields were all made with the defaults then in force: float32 on the CPU.
+    """
+    made = {(r.get("dtype", DEFAULT_PRECISION[0]), r.get("device", DEFAULT_PRECISION[1]))
+            for r in store if "taskset" in r}
+    other = sorted(made - {tuple(precision)})
+    if other:
+        dtype, device = other[0]
+        raise DapqError(f"{store.dir}: holds results made in {dtype} on {device}; this run is {precision[0]} on "
+                        f"{precision[1]} (give the same --dtype/--device, or another --out)")
 
 
 def encode_sample(tokenizer, s: Sample, compress: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
@@ -155,6 +183,8 @@ def _pending(sweep: Sweep, store: ResultsStore) -> list[tuple[Sample, Cell]]:
     todo = []
     # Prompt-mode keys are those of earlier dapq versions, so their results files resume.
     mode = {} if sweep.compress == "prompt" else {"compress": sweep.compress}
+    if sweep.precision != DEFAULT_PRECISION:  # keys made before precision was recorded stay valid
+        mode.update(dtype=sweep.precision[0], device=sweep.precision[1])
     for spec, budget, fraction in cells(list(sweep.methods), list(sweep.budgets), list(sweep.keep_fractions)):
         configs = [spec.config(budget, fraction), spec.legacy_config(budget, fraction)]
         for s in sweep.samples:
@@ -192,7 +222,7 @@ def _unit(sweep: Sweep, s: Sample, group: list[Cell], ids: tuple, question: tupl
         from ..integrations.kvpress_peer import PeerUnit
 
         return PeerUnit(sample=s, prompt_ids=ids, question_ids=question, cells=tuple(group), model_id=sweep.model_id,
-                        model=sweep.model_spec.peer_fields(), compress=sweep.compress)
+                        model=sweep.model_spec.peer_fields(), compress=sweep.compress, precision=sweep.precision)
     return WorkUnit(sample=s, prompt_ids=ids, cells=tuple(group), model_id=sweep.model_id,
                     shared_prefill=sweep.shared_prefill, decode_batch=sweep.decode_batch, question_ids=question,
-                    compress=sweep.compress)
+                    compress=sweep.compress, precision=sweep.precision)

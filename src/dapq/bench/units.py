@@ -20,6 +20,10 @@ from .metrics import score
 from .tasks import Sample
 
 
+# What a sweep ran in before records said so: float32 on the CPU (the defaults of the time).
+DEFAULT_PRECISION = ("float32", "cpu")
+
+
 @dataclass(frozen=True)
 class Cell:
     """One (method, budget) cell of a sample, under the key its record is stored with."""
@@ -69,6 +73,8 @@ class WorkUnit(CellGroup):
     question_ids: tuple[int, ...] | None = None
     """With ``compress="context"``: the question fed uncompressed after ``prompt_ids`` (the context)."""
     compress: str = "prompt"
+    precision: tuple[str, str] = DEFAULT_PRECISION
+    """The (dtype, device type) the sweep runs in: recorded with each cell."""
 
     @property
     def label(self) -> str:
@@ -123,6 +129,7 @@ def cell_record(unit, cell: Cell, config: dict, result, wall_s: float) -> dict:
         "decode_tokens_per_s": result.decode_tokens_per_s, "kv_bytes_full": result.kv_bytes_full,
         "kv_bytes_kept": result.kv_bytes_kept, "wall_s": wall_s,
         "shared_prefill": getattr(unit, "shared_prefill", False), "meta": json.loads(json.dumps(s.meta)),
+        "dtype": unit.precision[0], "device": unit.precision[1],
     }
 
 

@@ -17,6 +17,7 @@ import sys
 import typer
 
 from ..errors import DapqError
+from ..runs.log import WRITTEN
 from . import analyze, bench, generate, misc  # noqa: F401  (registers the commands)
 from .app import app
 
@@ -42,8 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        print("dapq: interrupted; what had finished is kept, and the same command resumes", file=sys.stderr)
-        sys.exit(130)
+        _interrupted()
     except typer.TyperException as exc:  # usage errors: bad option, bad value, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":
             sys.exit(0)
@@ -55,5 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(code, int) and code:
         # Without standalone mode click returns an interrupted run's exit code instead of raising.
         if code == 130:
-            print("dapq: interrupted; what had finished is kept, and the same command resumes", file=sys.stderr)
+            _interrupted()
         sys.exit(code)
+
+
+def _interrupted() -> None:
+    """Exit 130 after one line: what this run had finished and kept, and how to go on."""
+    kept = ", ".join(f"{n} in {path}" for path, n in WRITTEN.items()) or "nothing new"
+    print(f"dapq: interrupted; kept what had finished ({kept}); the same command resumes", file=sys.stderr)
+    sys.exit(130)

@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 
 from ..bench.tasks import Sample
-from ..bench.units import Cell, CellGroup, cell_record
+from ..bench.units import DEFAULT_PRECISION, Cell, CellGroup, cell_record
 from ..errors import DapqError, first_line
 from ..generation import GenerationResult
 from ..methods.spec import KVPRESS
@@ -360,6 +360,7 @@ class PeerUnit(CellGroup):
     model: dict
     """``ModelSpec.peer_fields()``: what the child loads."""
     compress: str = "prompt"
+    precision: tuple[str, str] = DEFAULT_PRECISION
 
     @property
     def label(self) -> str:

@@ -82,10 +82,11 @@ class LocalExecutor:
 
 def progress_bar(show: bool) -> Progress:
     """The sweep's progress bar: done/total, elapsed, and the ETA from the rate so far."""
-    # On stderr: a table printed to stdout (or redirected to a file) must not carry the bar.
+    # On stderr: a table printed to stdout (or redirected to a file) must not carry the bar. Only on
+    # a terminal: a log file would get one frozen frame at the end, in front of any error line.
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(), disable=not show, transient=False,
+        TextColumn("eta"), TimeRemainingColumn(), disable=not (show and sys.stderr.isatty()), transient=False,
         console=Console(file=sys.stderr),
     )
 

@@ -27,6 +27,12 @@ from ..errors import DapqError
 
 LOCKNAME = ".lock"
 
+# Errors that mean "no room to write here": a full disk or quota, a file system gone read-only.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+# Records appended by this process, per file: what an interrupted command reports as kept.
+WRITTEN: dict[Path, int] = {}
+
 
 # One open lock per locked file and process, shared by every writer object of this process: flock
 # locks belong to an open file description, so a second open() in the same process would refuse
@@ -55,8 +61,21 @@ def _acquire(lock_path: Path, what: str) -> tuple[int, int]:
             raise DapqError(f"{what}: another dapq process is writing here (it holds {lock_path}); "
                             "wait for it to finish or choose another output") from None
         raise
+    if not _names(lock_path, ident):
+        # Deleted or replaced between our open() and flock(): the lock we hold guards nothing.
+        os.close(fd)
+        raise DapqError(f"{what}: the output was removed while opening it; run again")
     _HELD[ident] = [fd, 1]
     return ident
+
+
+def _names(path: Path, ident: tuple[int, int]) -> bool:
+    """Whether ``path`` still names the file whose (st_dev, st_ino) is ``ident``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == ident
 
 
 def _release(ident: tuple[int, int]) -> None:
@@ -96,12 +115,14 @@ class JsonlLog:
         self.path = Path(path)
         self.writable = writable
         self.records: list[dict] = []
-        self._keys: set = set()
+        self._keys: dict = {}  # key -> index in records
         self._finalizer = None
+        self._lock: tuple[Path, tuple[int, int]] | None = None
         if writable and lock_path is not None:
             lock_path = Path(lock_path)
             ident = _acquire(lock_path, str(self.path.parent if lock_path.name == LOCKNAME else self.path))
             self._finalizer = weakref.finalize(self, _release, ident)
+            self._lock = (lock_path, ident)
         try:
             if self.path.exists():
                 self._load()
@@ -137,15 +158,24 @@ class JsonlLog:
             self._check_header(parse_line(body[0], self.path, 1, self.kind))
             first = 2
         for number, line in enumerate(body[first - 1 :], start=first):
-            try:
-                record = json.loads(line)
-                if not isinstance(record, dict) or any(f not in record for f in (self.key_field, *self.required)):
-                    raise ValueError("not a record")
-            except ValueError:
-                raise DapqError(f"{self.path}:{number}: corrupt record (refusing to continue)") from None
-            self.records.append(self.upgrade(record))
-            self._keys.add(record[self.key_field])
-        if tail:
+            record = self._record(line)
+            if record is None:
+                raise DapqError(f"{self.path}:{number}: corrupt record (refusing to continue)")
+            self._add(record)
+        duplicates = len(body) - first + 1 - len(self.records)
+        if duplicates:
+            # Two writers on one output (only possible before the lock checked the path) leave a
+            # key twice: each key counts once, its last record, in a resume and in a report.
+            print(f"dapq: warning: {self.path} holds {duplicates} duplicate record(s); counting each key "
+                  "once (its last record)", file=sys.stderr)
+        if tail and (record := self._record(tail)) is not None:
+            # A whole record whose newline never reached the disk (or an editor that drops the
+            # last newline): keep it, and complete its line before anything is appended.
+            self._add(record)
+            if self.writable:
+                with open(self.path, "ab") as fh:
+                    fh.write(b"\n")
+        elif tail:
             # Only a kill in mid-write leaves text after the last newline: that record runs again.
             if self.writable:
                 print(f"dapq: warning: dropping a torn last line of {self.path}", file=sys.stderr)
@@ -153,6 +183,24 @@ class JsonlLog:
                     fh.truncate(len(raw) - len(tail))
             else:
                 print(f"dapq: warning: ignoring an unfinished last line of {self.path}", file=sys.stderr)
+
+    def _record(self, line: bytes) -> dict | None:
+        """The record on one line under today's names, or None if the line is not a whole record."""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(record, dict) or any(f not in record for f in (self.key_field, *self.required)):
+            return None
+        return self.upgrade(record)
+
+    def _add(self, record: dict) -> None:
+        key = record[self.key_field]
+        if key in self._keys:
+            self.records[self._keys[key]] = record
+        else:
+            self._keys[key] = len(self.records)
+            self.records.append(record)
 
     def upgrade(self, record: dict) -> dict:
         """A record as read from the file, under the names of today's code (subclasses map old ones)."""
@@ -167,9 +215,8 @@ class JsonlLog:
 
     def get(self, key) -> dict | None:
         """The record with this key, or None."""
-        if key not in self._keys:
-            return None
-        return next(r for r in reversed(self.records) if r[self.key_field] == key)
+        index = self._keys.get(key)
+        return None if index is None else self.records[index]
 
     def __iter__(self) -> Iterator[dict]:
         return iter(self.records)
@@ -183,16 +230,36 @@ class JsonlLog:
             raise DapqError(f"{self.path}: opened read-only")
         if self.key_field not in record:
             raise ValueError(f"record needs a {self.key_field}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with open(self.path, "a", encoding="utf-8") as fh:
-            if new and self.header is not None:
-                fh.write(json.dumps(self.header) + "\n")
-            fh.write(json.dumps(record, default=str) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.records.append(record)
-        self._keys.add(record[self.key_field])
+        if self._lock is not None and not _names(*self._lock):
+            # The output was deleted (or replaced) under us: our flock now guards a file nobody
+            # can reach, and a second run may already be writing a new one. Stop rather than
+            # append to a file we no longer hold.
+            raise DapqError(f"{self.path}: the output was deleted or replaced while this run wrote it; "
+                            "stopping (run again to resume from what is there)")
+        size = self.path.stat().st_size if self.path.exists() else 0
+        text = json.dumps(record, default=str) + "\n"
+        if size == 0 and self.header is not None:
+            text = json.dumps(self.header) + "\n" + text
+        try:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            self._cut(size)
+            raise DapqError(f"{self.path}: cannot write ({exc.strerror}); the {len(self)} records before it are "
+                            "kept, and the same command resumes once there is room") from None
+        self._add(record)
+        WRITTEN[self.path] = WRITTEN.get(self.path, 0) + 1
+
+    def _cut(self, size: int) -> None:
+        """Remove a partly written line (best effort: the next open drops a torn line anyway)."""
+        try:
+            os.truncate(self.path, size)
+        except OSError:
+            pass
 
 
 def json_objects(path: Path, what: str) -> Iterator[tuple[int, dict]]:
