@@ -54,7 +54,7 @@ def test_resume_skips_finished_ids_and_matches_single_runs(model_dir, tmp_path, 
     code, alone, _ = run_cli(capsys, "generate", "--model", model_dir, "--prompt", REQUESTS[3]["prompt"],
                              "--keep-fraction", "0.5", "--max-new-tokens", "6", "--json")
     alone = json.loads(alone)
-    assert set(by_id["d"]) == set(alone) | {"id"}
+    assert set(by_id["d"]) == set(alone) | {"id", "settings"}
     assert {k: by_id["d"][k] for k in ("text", "token_ids", "budget", "keep_fraction", "kept_tokens_per_head", "config")} == {
         k: alone[k] for k in ("text", "token_ids", "budget", "keep_fraction", "kept_tokens_per_head", "config")}
     assert by_id["e"]["config"]["n_pseudo"] == 4 and by_id["e"]["budget"] == 6
@@ -135,3 +135,21 @@ def test_a_deleted_output_stops_its_writer_and_a_last_line_without_newline_is_ke
         fh.write('{"id": "b", "text": "z"}')  # a whole record whose newline was lost
     assert [(r["id"], r["text"]) for r in GenerationLog(out)] == [("a", "y"), ("b", "z")]
     assert out.read_text().endswith('"z"}\n') and "torn" not in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_is_refused_naming_the_requests(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "in.jsonl", REQUESTS[:3])
+    out = tmp_path / "out.jsonl"
+    common = ["generate", "--model", model_dir, "--input", src, "--output", str(out), "--budget", "8"]
+    assert run_cli(capsys, *common, "--max-new-tokens", "6")[0] == 0
+    before = out.read_text()
+    for extra, needle in ((["--max-new-tokens", "4"], "max_new_tokens"), (["--method", "h2o"], "method"),
+                          (["--budget", "6", "--max-new-tokens", "6"], "budget")):
+        code, stdout, err = run_cli(capsys, *common, *extra)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+        assert "finished request(s) were made with other settings" in err and out.read_text() == before
+    # "c" names its own method (full): another --method changes only "a", the other two keep theirs.
+    code, _, err = run_cli(capsys, *common, "--max-new-tokens", "6", "--method", "h2o")
+    assert code == 2 and "1 finished request(s)" in err and "'a' (method)" in err
+    # The same settings resume (nothing to do), whatever the decode mode.
+    assert run_cli(capsys, *common, "--max-new-tokens", "6", "--decode", "eager")[0] == 0 and out.read_text() == before

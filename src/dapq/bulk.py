@@ -21,6 +21,8 @@ against a second writer while a run appends to it.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -207,8 +209,40 @@ class GenerationUnit:
     def run(self, model, tokenizer) -> list[dict]:
         results = generate(model, tokenizer, [], self.method, self.sampling,
                            prompt_ids=[list(r.prompt_ids) for r in self.requests])
-        return [{"id": r.id, **result_fields(res, self.method)}
+        return [{"id": r.id, **result_fields(res, self.method), "settings": settings(r, self.sampling)}
                 for r, res in zip(self.requests, results, strict=True)]
+
+
+def settings(request: Request, sampling: SamplingConfig) -> dict:
+    """Everything that decides a request's output, as stored with its record (JSON-normal form).
+
+    The decode mode is left out: every mode gives the same tokens (``tests/test_decoding.py``).
+    """
+    fields = {
+        "method": request.method.config(), "budget": request.method.budget,
+        "keep_fraction": request.method.keep_fraction,
+        "sampling": {k: v for k, v in dataclasses.asdict(sampling).items() if k != "decode"},
+        "prompt_sha256": hashlib.sha256(json.dumps(list(request.prompt_ids)).encode()).hexdigest()[:16],
+    }
+    return json.loads(json.dumps(fields, default=str))
+
+
+def changed_requests(requests: Sequence[Request], log: GenerationLog, sampling: SamplingConfig) -> list[str]:
+    """Finished requests whose stored settings differ from this run's: ``"id (what changed)"`` each.
+
+    Records written before settings were stored cannot be checked and are taken as they are.
+    """
+    out = []
+    for r in requests:
+        stored = (log.get(r.id) or {}).get("settings")
+        if stored is None:
+            continue
+        now = settings(r, sampling)
+        diff = [k for k in now if k != "sampling" and stored.get(k) != now[k]]
+        diff += [k for k, v in now["sampling"].items() if stored.get("sampling", {}).get(k) != v]
+        if diff:
+            out.append(f"{r.id!r} ({', '.join(diff)})")
+    return out
 
 
 def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batch_size: int = 4
@@ -233,7 +267,16 @@ def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batc
 
 def run_bulk(executor: Executor, requests: Sequence[Request], log: GenerationLog, *, sampling: SamplingConfig,
              batch_size: int = 4, show_progress: bool = True) -> int:
-    """Generate every request whose id is not in ``log`` yet; returns the records written."""
+    """Generate every request whose id is not in ``log`` yet; returns the records written.
+
+    A finished request whose method, budget, sampling or prompt differ from this run's is refused
+    (one :class:`DapqError` naming them) rather than kept under settings it was not made with.
+    """
+    changed = changed_requests(requests, log, sampling)
+    if changed:
+        shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise DapqError(f"{log.path}: {len(changed)} finished request(s) were made with other settings: {shown}. "
+                        "Give another --output, or delete their lines to generate them again")
     todo = [r for r in requests if r.id not in log]
     units = generation_units(todo, sampling, batch_size)
     return write_results(executor, units, log, show_progress=show_progress, description="generate")

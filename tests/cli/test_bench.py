@@ -138,3 +138,23 @@ def test_a_full_disk_is_one_line_and_the_run_resumes(capsys, model_dir, tmp_path
     code, stdout, err = run(capsys, *args)
     assert code == 0 and (out / "results.jsonl").read_text().splitlines()[:3] == lines
     assert len((out / "results.jsonl").read_text().splitlines()) == 1 + 6
+
+
+def test_a_results_directory_of_another_precision_is_refused(capsys, model_dir, tmp_path):
+    import json
+
+    out = tmp_path / "sweep"
+    args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0.5", "--samples", "1",
+            "--methods", "full", "--out", str(out)]
+    assert run(capsys, *args)[0] == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[1:]]
+    assert [(r["dtype"], r["device"]) for r in records] == [("float32", "cpu")]
+    before = (out / "results.jsonl").read_text()
+    code, stdout, err = run(capsys, *args, "--dtype", "bfloat16")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and not stdout, err
+    assert "holds results made in float32 on cpu; this run is bfloat16 on cpu" in err
+    assert (out / "results.jsonl").read_text() == before
+    # Another directory takes the bf16 run, under keys of its own.
+    assert run(capsys, *args[:-1], str(tmp_path / "bf16"), "--dtype", "bfloat16")[0] == 0
+    bf16 = json.loads((tmp_path / "bf16" / "results.jsonl").read_text().splitlines()[1])
+    assert bf16["dtype"] == "bfloat16" and bf16["key"] != records[0]["key"]
