@@ -24,7 +24,7 @@ def home(tmp_path, monkeypatch):
     def fake_convert(gguf_path, out):
         calls.append(gguf_path)
         (out / "config.json").write_text("{}")
-        (out / embedded.STAMP).write_text(json.dumps({"format": embedded.FORMAT}))
+        embedded.write_stamp(out, {})
 
     monkeypatch.setattr(embedded, "convert", fake_convert)
     return tmp_path, calls
@@ -39,10 +39,43 @@ def test_stamp_decides_reuse(tmp_path):
     assert not embedded.conversion_is_current(d)
     (d / embedded.STAMP).write_text("{torn")
     assert not embedded.conversion_is_current(d)
-    (d / embedded.STAMP).write_text(json.dumps({"format": embedded.FORMAT}))
+    embedded.write_stamp(d, {})
     assert embedded.conversion_is_current(d)
     (d / "config.json").unlink()
     assert not embedded.conversion_is_current(d)
+
+
+@pytest.mark.parametrize("edit", ["truncate", "same-size edit", "added", "removed"])
+def test_an_edited_conversion_is_converted_again_saying_why(home, capsys, monkeypatch, edit):
+    root, calls = home
+    monkeypatch.setattr(embedded, "_HASHED_SIZE", 8)  # weights.bin stands for the large, mtime-checked file
+    real = embedded.convert
+
+    def convert(gguf_path, out):
+        (out / "weights.bin").write_bytes(b"0123456789abcdef")
+        (out / "tokenizer.json").write_text('{"v": 1}')
+        real(gguf_path, out)
+
+    monkeypatch.setattr(embedded, "convert", convert)
+    target = embedded.embedded_model_dir()
+    assert embedded.conversion_is_current(target) and capsys.readouterr().err == ""
+    if edit == "truncate":
+        (target / "weights.bin").write_bytes(b"01234567")
+        changed = "weights.bin"
+    elif edit == "same-size edit":
+        (target / "tokenizer.json").write_text('{"v": 2}')
+        changed = "tokenizer.json"
+    elif edit == "added":
+        (target / "extra.txt").write_text("x")
+        changed = "extra.txt"
+    else:
+        (target / "config.json").unlink()
+        changed = "config.json"
+    assert not embedded.conversion_is_current(target)
+    assert embedded.embedded_model_dir() == target and len(calls) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and changed in err and "converting the embedded model again" in err
+    assert embedded.conversion_is_current(target) and (target / "weights.bin").read_bytes() == b"0123456789abcdef"
 
 
 def test_stale_conversion_is_rebuilt_with_one_notice(home, capsys):

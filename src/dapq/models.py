@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .compat import attention_implementations
 from .embedded import EMBEDDED_MODEL, embedded_model_dir
@@ -137,7 +138,7 @@ def supported_config(name: str | None):
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as exc:  # no config, or a model_type transformers does not know
-        raise DapqError(f"cannot load model {name!r}: {first_line(exc, repr(exc))}") from None
+        raise DapqError(f"cannot load {_model_name(name, path)}: {first_line(exc, repr(exc))}") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
             f"unsupported architecture {config.model_type!r}; dapq supports {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -177,10 +178,17 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(path)
     except ImportError as exc:  # a flash-attention implementation whose package is missing
         raise DapqError(f"attention {attn_implementation!r}: {first_line(exc)}") from None
-    except (OSError, ValueError) as exc:  # no weights or no tokenizer there, or a GPU the kernel does not support
-        raise DapqError(f"cannot load model {name!r}: {first_line(exc, repr(exc))}") from None
+    except (OSError, ValueError, SafetensorError) as exc:
+        # No weights or no tokenizer there, a truncated or edited weights file, a GPU the kernel
+        # does not support.
+        raise DapqError(f"cannot load {_model_name(name, path)}: {first_line(exc, repr(exc))}") from None
     model.to(dev).eval()
     return model, tokenizer
+
+
+def _model_name(name: str | None, path) -> str:
+    """How an error names the model: what the user gave, or the embedded model and where it lives."""
+    return f"model {name!r}" if name is not None else f"the embedded model ({path})"
 
 
 @dataclass(frozen=True)

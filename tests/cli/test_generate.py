@@ -127,9 +127,13 @@ def test_model_dirs_that_cannot_load_are_one_line(capsys, model_dir, tmp_path):
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     shutil.copy(Path(model_dir) / "config.json", no_weights / "config.json")
-    for path in (unknown, no_weights):
+    truncated = tmp_path / "truncated"
+    shutil.copytree(model_dir, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    for path in (unknown, no_weights, truncated):
         code, _, err = run(capsys, "generate", "--model", str(path), "--budget", "8", "--prompt", "hi")
-        assert code == 2 and "cannot load model" in err and len(err.strip().splitlines()) == 1, err
+        assert code == 2 and f"cannot load model '{path}'" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_attention_list_follows_the_installed_transformers():

@@ -242,3 +242,33 @@ def test_ray_errors_are_one_line(ray_local, tmp_path, capsys):
     shutil.rmtree(tmp_path / "a", ignore_errors=True)
     code, _, err = run_cli(capsys, "bench", "niah", "--out", str(tmp_path / "b"), "--ray", "--gpus-per-worker", "1")
     assert code == 2 and "GPU" in err and err.count("\n") == 1
+
+
+def test_an_unreachable_head_is_refused_within_the_timeout(tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    from dapq.errors import DapqError
+    from dapq.integrations.ray import check_reachable
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    for address, needle in ((f"127.0.0.1:{closed}", "refused"), ("nosuchhost.invalid:6379", "cannot reach"),
+                            ("somewhere", "HOST:PORT")):
+        start = time.monotonic()
+        with pytest.raises(DapqError, match=needle):
+            check_reachable(address, timeout=1)
+        assert time.monotonic() - start < 5
+    with socket.socket() as s:  # a listening head passes
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        check_reachable(f"ray://127.0.0.1:{s.getsockname()[1]}", timeout=1)
+    # From the command line: one line and exit 2, in seconds rather than Ray's ten minutes.
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "dapq.cli", "bench", "niah", "--ray=nosuchhost.invalid:1", "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DAPQ_RAY_CONNECT_TIMEOUT": "2"})
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "cannot reach the Ray cluster at nosuchhost.invalid:1" in done.stderr and time.monotonic() - start < 90

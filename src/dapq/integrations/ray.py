@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,14 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """
     if ray.is_initialized():
         return False
+    if address:
+        check_reachable(address)
+        # A port that answers but is no Ray head (a proxy, another service) passes the probe; then
+        # bound Ray's own retries, which default to minutes, and keep its retry warnings quiet.
+        # A user's own settings of these variables win.
+        for name in ("RAY_py_gcs_connect_timeout_s", "RAY_gcs_rpc_server_reconnect_timeout_s"):
+            os.environ.setdefault(name, str(max(1, round(CONNECT_TIMEOUT_S))))
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     try:
         if address:
             ray.init(address=address, include_dashboard=False, logging_level="warning")
@@ -61,6 +70,32 @@ def connect(address: str | None = None, *, num_cpus: int | None = None) -> bool:
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise DapqError(f"cannot start or join {where}: {first_line(exc)}") from None
     return True
+
+
+#: Seconds to wait for a Ray head to answer before giving up (Ray itself retries for minutes).
+CONNECT_TIMEOUT_S = float(os.environ.get("DAPQ_RAY_CONNECT_TIMEOUT", "15"))
+
+
+def check_reachable(address: str, timeout: float | None = None) -> None:
+    """Refuse, within ``timeout`` seconds, a Ray address whose host does not answer on its port.
+
+    ``ray.init`` retries an unreachable head for about ten minutes, printing only its own
+    warnings; one TCP connection to the head's port tells the same in seconds. ``auto`` and
+    ``local`` name no host and are left to Ray.
+    """
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
+    target = address.removeprefix("ray://")
+    if target in ("auto", "local"):
+        return
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        raise DapqError(f"--ray={address}: write the head's address as HOST:PORT (or ray://HOST:PORT)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise DapqError(f"cannot reach the Ray cluster at {address} within {timeout:g} s ({reason}); "
+                        "is its head running (ray start --head)?") from None
 
 
 class _Worker:

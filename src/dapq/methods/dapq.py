@@ -108,6 +108,8 @@ class DapQ(AttentionScoredMethod):
             raise ConfigError("content 'text' needs a non-empty text")
         if self.content == "tokens" and not self.token_ids:
             raise ConfigError("content 'tokens' needs token_ids")
+        if self.token_ids and min(self.token_ids) < 0:
+            raise ConfigError("token_ids must be non-negative token ids")
 
     def observation(self) -> Observation:
         return Observation(pseudo_tokens=self.n_pseudo, keep_recent=self.keep_recent)
@@ -142,6 +144,8 @@ class DapQ(AttentionScoredMethod):
         if self.content == "random_vocab":
             return torch.randint(vocab_size, (n,), generator=gen).tolist()
         if self.content == "tokens":
+            if max(self.token_ids) >= vocab_size:  # the vocabulary is known only now, with the model
+                raise ConfigError(f"token_ids must lie below the model's vocabulary of {vocab_size}")
             return _fit(list(self.token_ids), n)
         if tokenizer is None:
             raise ConfigError(f"content {self.content!r} needs a tokenizer (pass tokenizer=...), or choose a "

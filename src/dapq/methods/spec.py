@@ -71,6 +71,29 @@ class MethodSpec:
 KVPRESS = "kvpress:"
 
 
+def split_top_level(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets and quotes.
+
+    So ``dapq(token_ids=(1,2,3)),snapkv`` is two methods and ``token_ids=(1,2,3), n_pseudo=8``
+    two parameters; an unbalanced bracket leaves the rest in one piece, which the caller rejects.
+    """
+    parts, depth, quote, cur = [], 0, None, ""
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        else:
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        cur += ch
+    parts.append(cur)
+    return parts
+
+
 def parse_methods(spec: str, check_peers: Callable[[list[tuple[str, dict]]], None] | None = None
                   ) -> list[MethodSpec]:
     """Parse ``full,dapq,snapkv(window=16,kernel=5),kvpress:TOVAPress`` into method specs (validated).
@@ -79,17 +102,8 @@ def parse_methods(spec: str, check_peers: Callable[[list[tuple[str, dict]]], Non
     arguments kvpress lacks (the benchmark passes :func:`dapq.integrations.kvpress_peer.check_presses`;
     the methods package itself never imports an integration).
     """
-    parts, depth, cur = [], 0, ""
-    for ch in spec:
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-            continue
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        cur += ch
-    parts.append(cur)
     out = []
-    for raw in (p.strip() for p in parts):
+    for raw in (p.strip() for p in split_top_level(spec)):
         if not raw:
             raise ConfigError(f"empty method in {spec!r}")
         m = re.fullmatch(r"([a-z_0-9]+|kvpress:[A-Za-z_0-9]+)(?:\((.*)\))?", raw)
@@ -99,7 +113,7 @@ def parse_methods(spec: str, check_peers: Callable[[list[tuple[str, dict]]], Non
         if not name.startswith(KVPRESS):
             method_class(name)  # unknown names fail here
         params = []
-        for item in filter(None, (a.strip() for a in (args or "").split(","))):
+        for item in filter(None, (a.strip() for a in split_top_level(args or ""))):
             key, sep, value = item.partition("=")
             if not sep:
                 raise ConfigError(f"method parameter {item!r} needs key=value")
