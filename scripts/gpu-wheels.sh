@@ -6,7 +6,8 @@
 # The GPU test machine has Python 3.12, torch and transformers 5.17 but not dapq's other needs
 # (../shared/notes/gpu.md): .whl/dapq/ holds those; .whl/kvpress/ the second environment in which
 # kvpress 0.5.5 runs next to transformers 5.2 (its peer rows run in a child process). Versions
-# come from requirements/lock.txt, so the GPU figures use the locked releases. About 14 MiB.
+# come from requirements/lock.txt, so the GPU figures use the locked releases. About 52 MiB (scipy, for
+# the report's intervals, is 35 of them): under the 64 MiB a device call carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -19,7 +20,7 @@ get() {  # get DIR PACKAGE...: binary wheels for CPython 3.12 on x86-64 Linux, n
 }
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 rm -rf .whl && mkdir -p .whl/dapq .whl/kvpress
-get .whl/dapq "$(pin gguf)" "$(pin rouge)" "$(pin nltk)"
+get .whl/dapq "$(pin gguf)" "$(pin rouge)" "$(pin nltk)" "$(pin scipy)"
 # rouge-score publishes no wheel: build one (pure Python).
 "$PY" -m pip wheel -q --no-deps -w .whl/dapq "$(pin rouge_score)"
 get .whl/kvpress "$(pin transformers)" "$(pin tokenizers)" "$(pin kvpress)" "$(pin datasets)" "$(pin dill)" \

@@ -158,3 +158,60 @@ def test_a_results_directory_of_another_precision_is_refused(capsys, model_dir, 
     assert run(capsys, *args[:-1], str(tmp_path / "bf16"), "--dtype", "bfloat16")[0] == 0
     bf16 = json.loads((tmp_path / "bf16" / "results.jsonl").read_text().splitlines()[1])
     assert bf16["dtype"] == "bfloat16" and bf16["key"] != records[0]["key"]
+
+
+def test_report_with_records_lacking_fields_or_a_directory_that_takes_no_files(capsys, model_dir, tmp_path,
+                                                                              monkeypatch):
+    import errno
+    import json
+
+    out = tmp_path / "sweep"
+    args = ["bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", "0,1", "--samples", "1",
+            "--methods", "full", "--out", str(out)]
+    assert run(capsys, *args)[0] == 0
+    with open(out / "results.jsonl", "a") as fh:  # a record cut down by hand
+        fh.write(json.dumps({"key": "cut", "label": "full", "score": 1.0}) + "\n")
+    code, stdout, err = run(capsys, "report", str(out), "--no-plots")
+    assert code == 0 and "2 finished cells" in stdout and "| full | all |" in stdout
+    assert err.count("\n") == 1 and "1 record(s) lack fields the report needs (kv_bytes_full" in err
+    code, stdout, err = run(capsys, *args)  # bench prints its table from the same store
+    assert code == 0 and "| full | all |" in stdout and "lack fields" in err
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    (out / "report.md").unlink()
+    monkeypatch.setattr("pathlib.Path.write_text", full)
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", full)
+    code, stdout, err = run(capsys, "report", str(out))
+    assert code == 0 and "## niah" in stdout and not (out / "report.md").exists()
+    assert "cannot write the report's files" in err and "No space left on device" in err
+    assert len([line for line in err.splitlines() if "cannot write" in line]) == 1
+
+
+def test_report_gives_n_intervals_and_paired_differences(capsys, model_dir, tmp_path):
+    import json
+
+    from dapq.bench import stats
+
+    out = tmp_path / "sweep"
+    depths = ",".join(str(d / 10) for d in range(11))
+    assert run(capsys, "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths", depths, "--samples",
+               "1", "--methods", "full,dapq,snapkv", "--budgets", "16", "--out", str(out))[0] == 0
+    code, stdout, err = run(capsys, "report", str(out), "--against", "snapkv")
+    assert code == 0, err
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[1:]]
+    dapq_scores = {r["sample_id"]: r["score"] for r in records if r["label"] == "dapq"}
+    snap_scores = {r["sample_id"]: r["score"] for r in records if r["label"] == "snapkv"}
+    # The intervals table: n = 11 prompts, the exact binomial interval when the scores are 0/1.
+    expected = stats.interval(list(dapq_scores.values()))
+    row = next(line for line in stdout.splitlines() if line.startswith("| dapq | 16 | 1 | 11 |"))
+    assert expected.points() in row and expected.how in row
+    # The paired table: dapq minus snapkv on the same 11 prompts, counted won/lost/tied.
+    diff = [dapq_scores[k] - snap_scores[k] for k in dapq_scores]
+    won, lost = sum(d > 0 for d in diff), sum(d < 0 for d in diff)
+    line = next(line for line in stdout.splitlines() if line.startswith("| dapq | 16 | 11 |"))
+    assert f"| {won} / {lost} / {11 - won - lost} |" in line and f"{100 * sum(diff) / 11:+.1f}" in line
+    assert "### niah: paired difference to snapkv" in stdout and (out / "niah-budget.png").exists()
+    code, stdout, err = run(capsys, "report", str(out), "--against", "nosuch", "--no-plots")
+    assert code == 2 and "no such rows" in err and "its labels are dapq, full, snapkv" in err and not stdout

@@ -5,10 +5,15 @@ Works on a partial sweep: cells that have not run are shown as "-" and left out 
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
+from ..errors import DapqError
 from ..tables import markdown
+from . import stats
 from .speed_report import render_speed
 from .store import ResultsStore
 
@@ -35,6 +40,35 @@ DISPLAY = {
 # Decimals of a task's score: LongBench's eval.py reports round(100 * mean, 2); others one decimal
 # (LongBench v2's result.py rounds to 1).
 DIGITS = {"longbench": 2}
+
+
+# The fields each kind of record needs to be reported; a record without them (edited by hand,
+# or cut down by a tool) is left out with one warning rather than failing the whole report.
+_NEEDS = {
+    "accuracy": ("taskset", "task", "label", "score", "kv_bytes_kept", "kv_bytes_full"),
+    "speed": ("taskset", "model", "device", "dtype", "cell", "label"),
+    "ttft": ("ttft_s", "forward_s"),
+    "decode": ("tokens_per_s",),
+}
+
+
+def usable(records: list[dict], *, warn: bool = True) -> list[dict]:
+    """The records that carry every field the report reads; one stderr line counts the others."""
+    kept, missing = [], set()
+    for r in records:
+        kind = "speed" if r.get("taskset") == "speed" else "accuracy"
+        needs = _NEEDS[kind]
+        if kind == "speed" and not (r.get("oom") or r.get("error")):
+            needs = needs + _NEEDS.get(r.get("cell"), ())
+        lacking = [f for f in needs if f not in r]
+        if lacking:
+            missing.update(lacking)
+        else:
+            kept.append(r)
+    if warn and len(kept) < len(records):
+        print(f"dapq: warning: {len(records) - len(kept)} record(s) lack fields the report needs "
+              f"({', '.join(sorted(missing))}) and are left out", file=sys.stderr)
+    return kept
 
 
 def _mean(xs):
@@ -79,7 +113,7 @@ def expand(records: list[dict]) -> list[dict]:
 
 def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]]:
     """Header and rows: method x budget by task, the average, % of FullKV, KV kept (share, MiB)."""
-    rs = [r for r in expand(records) if r["taskset"] == taskset]
+    rs = [r for r in expand(usable(records, warn=False)) if r["taskset"] == taskset]
     present = {r["task"] for r in rs}
     order = [t for t in TASK_ORDER.get(taskset, ()) if t in present]
     order += sorted(present - set(order))
@@ -111,6 +145,76 @@ def table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
+def _per_prompt(records: list[dict], taskset: str) -> dict[tuple, dict[tuple, float]]:
+    """Row key -> {(task, sample_id): score} over the task set's own tasks (no derived splits)."""
+    rows: dict[tuple, dict[tuple, float]] = defaultdict(dict)
+    for r in usable(records, warn=False):
+        if r["taskset"] == taskset:
+            rows[_row_key(r)][(r["task"], r.get("sample_id", r["key"]))] = r["score"]
+    return rows
+
+
+def _by_task(scores: dict[tuple, float]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = defaultdict(list)
+    for (task, _), value in sorted(scores.items(), key=lambda kv: str(kv[0])):
+        out[task].append(value)
+    return out
+
+
+def interval_tables(records: list[dict], taskset: str) -> tuple[tuple, tuple]:
+    """Two tables with n and the 95% interval: each row's average, and each (row, task) cell."""
+    rows = _per_prompt(records, taskset)
+    modes = any(k[3] != "prompt" for k in rows)
+    lead = ["method", "budget"] + (["compress"] if modes else [])
+    avg_rows, cell_rows = [], []
+    for key in _sort_rows(rows):
+        by_task = _by_task(rows[key])
+        head = [_label(key), _size(key), *([key[3]] if modes else [])]
+        ci = stats.average_interval(by_task)
+        counts = sorted({len(v) for v in by_task.values()})
+        per_task = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        avg_rows.append([*head, str(len(by_task)), per_task, ci.points(), ci.how])
+        for task, values in sorted(by_task.items(), key=lambda kv: _task_rank(taskset, kv[0])):
+            cell = stats.interval(values)
+            cell_rows.append([*head, DISPLAY.get(task, task), str(cell.n), cell.points(), cell.how])
+    return ((lead + ["tasks", "prompts per task", "avg [95% interval]", "interval"], avg_rows),
+            (lead + ["task", "n", "score [95% interval]", "interval"], cell_rows))
+
+
+def _task_rank(taskset: str, task: str) -> tuple:
+    order = TASK_ORDER.get(taskset, ())
+    return (order.index(task), task) if task in order else (len(order), task)
+
+
+def paired_table(records: list[dict], taskset: str, against: str) -> tuple[list[str], list[list[str]]] | None:
+    """Each row against ``against`` at the same budget and mode, on the prompts both ran.
+
+    FullKV as the reference is compared with every budget. The difference is in points; the
+    verdict says better or worse only where the 95% interval excludes zero.
+    """
+    rows = _per_prompt(records, taskset)
+    refs = {k: v for k, v in rows.items() if k[0] == against}
+    if not refs:
+        return None
+    modes = any(k[3] != "prompt" for k in rows)
+    header = (["method", "budget"] + (["compress"] if modes else [])
+              + [f"n shared with {against}", "difference, points [95% interval]", "won / lost / tied",
+                 "sign test p", "verdict"])
+    out = []
+    for key in _sort_rows(rows):
+        if key[0] == against:
+            continue
+        ref_key = next((r for r in refs if r[3] == key[3] and (r[1:3] == key[1:3] or r[1:3] == (None, None))), None)
+        result = stats.paired(rows[key], refs[ref_key]) if ref_key else None
+        if result is None:
+            continue
+        ci = (f"{100 * result.diff:+.1f} [{100 * result.low:+.1f}, {100 * result.high:+.1f}]"
+              if np.isfinite(result.low) else f"{100 * result.diff:+.1f} [n/a: one prompt]")
+        out.append([_label(key), _size(key), *([key[3]] if modes else []), str(result.n), ci,
+                    f"{result.won} / {result.lost} / {result.tied}", f"{result.sign_p:.3g}", result.verdict])
+    return header, out
+
+
 def length_table(records: list[dict], taskset: str) -> tuple[list[str], list[list[str]]] | None:
     """Average score by prompt length (tasks averaged per length), or None for a single length."""
     rs = [r for r in records if r["taskset"] == taskset and "length" in r.get("meta", {})]
@@ -140,24 +244,33 @@ def plot_budget_curves(records: list[dict], taskset: str, path: Path, *, by: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rs = [r for r in records if r["taskset"] == taskset]
-    per: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    full: dict[str, list[float]] = defaultdict(list)
+    rs = [r for r in records if r["taskset"] == taskset and ":" not in r["task"]]
+    # Line -> size -> task -> scores, so each point is the table's average (mean of task means).
+    per: dict[str, dict[float, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    full: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rs:
         key = _row_key(r)
         mode = "" if key[3] == "prompt" else f" [{key[3]}]"
         if r["label"] == "full":  # FullKV's label is its name: it takes no parameter
-            full[mode].append(r["score"])
+            full[mode][r["task"]].append(r["score"])
         elif r.get(by) is not None:
-            per[_label(key) + mode][r[by]].append(r["score"])
+            per[_label(key) + mode][r[by]][r["task"]].append(r["score"])
     if not per:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, by_size in sorted(per.items()):
         xs = sorted(by_size)
-        ax.plot(xs, [100 * _mean(by_size[x]) for x in xs], marker="o", label=label)
-    for mode, scores in sorted(full.items()):
-        ax.axhline(100 * _mean(scores), color="black", linestyle="--" if not mode else ":", label="full" + mode)
+        cis = [stats.average_interval(by_size[x]) for x in xs]
+        ys = [100 * c.mean for c in cis]
+        # A 95% interval per point (error bars), as in the intervals table; none where it is undefined.
+        err = [[max(0.0, y - 100 * c.low) if np.isfinite(c.low) else 0.0 for y, c in zip(ys, cis, strict=True)],
+               [max(0.0, 100 * c.high - y) if np.isfinite(c.high) else 0.0 for y, c in zip(ys, cis, strict=True)]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+    for mode, by_task in sorted(full.items()):
+        ci = stats.average_interval(by_task)
+        ax.axhline(100 * ci.mean, color="black", linestyle="--" if not mode else ":", label="full" + mode)
+        if np.isfinite(ci.low):
+            ax.axhspan(100 * ci.low, 100 * ci.high, color="black", alpha=0.08)
     sizes = sorted({x for by_size in per.values() for x in by_size})
     if by == "budget":
         ax.set_xscale("log", base=2)
@@ -167,7 +280,7 @@ def plot_budget_curves(records: list[dict], taskset: str, path: Path, *, by: str
         ax.set_xticks(sizes, [f"{100 * x:g}%" for x in sizes])
         ax.set_xlabel("share of the prompt (or context) kept")
     ax.set_ylabel("score (%)")
-    ax.set_title(f"{taskset}: score vs {by}")
+    ax.set_title(f"{taskset}: score vs {by} (95% intervals)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -217,17 +330,27 @@ def _sorted_groups(groups):
     return [(k, groups[k]) for k in _sort_rows(groups)]
 
 
-def render(out_dir: str | Path, *, plots: bool = True) -> str:
-    """Write ``report.md`` (+ PNGs) into the sweep directory and return the markdown."""
+def render(out_dir: str | Path, *, plots: bool = True, against: str | None = None) -> str:
+    """Write ``report.md`` (+ PNGs) into the sweep directory and return the markdown.
+
+    Each accuracy table is followed by its uncertainty (:mod:`dapq.bench.stats`): every row's
+    average and every cell with n and a 95% interval; with ``against``, each row's paired
+    difference to that method on the prompts both ran.
+    """
     out = Path(out_dir)
-    records = list(ResultsStore.open_existing(out))
+    records = usable(list(ResultsStore.open_existing(out)))
+    labels = sorted({r["label"] for r in records if r["taskset"] != "speed"})
+    if against is not None and against not in labels:
+        raise DapqError(f"--against {against}: no such rows in {out}; its labels are {', '.join(labels) or 'none'}")
     parts = [f"# dapq report: {out}", "", f"{len(records)} finished cells."]
+    files = _Files(out)
     for taskset in sorted({r["taskset"] for r in records}):
         if taskset == "speed":
             parts += ["", "## speed", "", render_speed(records)]
             continue
         header, rows = table(records, taskset)
         parts += ["", f"## {taskset}", "", markdown(header, rows)]
+        parts += _uncertainty(records, taskset, against)
         if any(r.get("peer") for r in records if r["taskset"] == taskset):
             version = next((r["config"].get("kvpress_version") for r in records
                             if r.get("peer") and r["taskset"] == taskset), "?")
@@ -248,12 +371,58 @@ def render(out_dir: str | Path, *, plots: bool = True) -> str:
             parts += ["", f"### {taskset}: average by prompt length", "", markdown(*by_length)]
         if plots:
             for by in ("budget", "keep_fraction"):
-                p = plot_budget_curves(records, taskset, out / f"{taskset}-{by}.png", by=by)
+                p = files.write(plot_budget_curves, records, taskset, out / f"{taskset}-{by}.png", by=by)
                 if p:
                     parts += ["", f"![{taskset} score vs {by}]({p.name})"]
             if taskset == "niah":
-                for h in plot_niah_heatmaps(records, out):
+                for h in files.write(plot_niah_heatmaps, records, out) or ():
                     parts.append(f"![{h.stem}]({h.name})")
     text = "\n".join(parts) + "\n"
-    (out / "report.md").write_text(text, encoding="utf-8")
+    files.write(lambda: (out / "report.md").write_text(text, encoding="utf-8"))
     return text
+
+
+def _uncertainty(records: list[dict], taskset: str, against: str | None) -> list[str]:
+    """The report's sections of n, intervals and (with ``against``) paired differences for one task set."""
+    averages, cells = interval_tables(records, taskset)
+    parts = ["", f"### {taskset}: n and 95% intervals", "",
+             "Scores in points. A cell whose scores are all 0 or 1 gets the exact (Clopper-Pearson) binomial "
+             "interval; other cells a BCa bootstrap over prompts; a row's average (the mean of its task means) a "
+             "bootstrap that resamples each task's prompts on its own.", "", markdown(*averages)]
+    if len(cells[1]) > len(averages[1]):  # several tasks a row: each cell too
+        parts += ["", markdown(*cells)]
+    if against:
+        compared = paired_table(records, taskset, against)
+        parts += ["", f"### {taskset}: paired difference to {against}", ""]
+        if compared is None:
+            parts.append(f"No {against} rows in {taskset}.")
+        else:
+            parts += [f"Each row minus {against} at the same budget and mode (FullKV: at any budget), on the "
+                      "prompts both ran, averaged per task and then over tasks. The interval is a paired bootstrap "
+                      f"over those prompts (stratified by task where every task has {stats.MIN_STRATUM} or more), "
+                      "next to an exact sign test of the prompts won against those lost. \"better\" and \"worse\" "
+                      "only where the interval excludes zero and the sign test agrees at 5%.", "",
+                      markdown(*compared)]
+    return parts
+
+
+class _Files:
+    """Writes the report's files; a directory that takes none (read-only, full) costs one warning.
+
+    The report is printed either way, so it is not lost; only the copies on disk are skipped.
+    """
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.failed = False
+
+    def write(self, fn, *args, **kwargs):
+        if self.failed:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            self.failed = True
+            print(f"dapq: warning: cannot write the report's files into {self.out} ({exc.strerror or exc}); "
+                  "the report is printed only", file=sys.stderr)
+            return None

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 import typer
 
-from ..bench.report import render, table
+from ..bench.report import render, table, usable
 from ..bench.runner import COMPRESS_MODES, parse_budgets, parse_keep_fractions, run_sweep
 from ..bench.speed import PARTS, QUICK, SpeedConfig, SpeedRun
 from ..bench.store import ResultsStore
@@ -93,7 +93,7 @@ def bench(
                   model_id=model or opt.DEFAULT_MODEL_ID, keep_fractions=fractions, compress=compress,
                   model_spec=spec, shared_prefill=shared_prefill, decode_batch=decode_batch,
                   executor=setup.executor, max_context=setup.max_context)
-    header, rows = table(list(store), sample_list[0].taskset)
+    header, rows = table(usable(list(store)), sample_list[0].taskset)
     typer.echo(markdown(header, rows))
 
 
@@ -200,6 +200,8 @@ def _speed_peers(peers: str, cfg: SpeedConfig) -> tuple[str, ...]:
 def report(
     out: Path = typer.Argument(..., help="A sweep directory with results.jsonl."),
     no_plots: bool = typer.Option(False, "--no-plots"),
+    against: str = typer.Option(None, "--against", help="A method label (e.g. snapkv, full, "
+                                "kvpress:SnapKVPress): each row's paired difference to it on the same prompts."),
 ) -> None:
     """Render tables (markdown) and plots (PNG) from a sweep's results file alone."""
-    typer.echo(render(out, plots=not no_plots))
+    typer.echo(render(out, plots=not no_plots, against=against))
