@@ -19,7 +19,6 @@ from ..methods.spec import MethodSpec
 from .metrics import score
 from .tasks import Sample
 
-
 # What a sweep ran in before records said so: float32 on the CPU (the defaults of the time).
 DEFAULT_PRECISION = ("float32", "cpu")
 
