@@ -161,7 +161,8 @@ def bad_inputs(f: dict[str, str]) -> None:
         case(f"bench: {name}", *args, *(["--out", str(ROOT / "b1")] if "--out" not in extra else []),
              env={"DAPQ_RAY_CONNECT_TIMEOUT": "3"})
     case("bench: longbench data missing", "bench", "longbench", *m, "--data", "/no/such", "--out", str(ROOT / "b2"))
-    speed = ["bench", "speed", *m, "--out", str(ROOT / "s0"), "--decode-tokens", "2", "--repeats", "1", "--warmup", "0"]
+    speed = ["bench", "speed", *m, "--out", str(ROOT / "s0"), "--decode-tokens", "2", "--repeats", "1", "--warmup", "0",
+             "--lengths", "200", "--context", "300"]
     for name, extra in [
         ("parts bogus", ["--parts", "bogus"]), ("budget 0", ["--budget", "0"]), ("batches 0", ["--batches", "0"]),
         ("lengths x", ["--lengths", "x"]), ("memory-limit -1", ["--memory-limit", "-1"]),
@@ -181,7 +182,7 @@ def bad_inputs(f: dict[str, str]) -> None:
         ("analyze recall: windows x", ["analyze", "recall", *m, "--windows", "x", "--out", str(ROOT / "a0")]),
         ("analyze similarity: unknown taskset", ["analyze", "similarity", *m, "--taskset", "nosuch", "--out",
                                                  str(ROOT / "a1")]),
-        ("analyze ablation: unknown part", ["analyze", "ablation", *m, "--part", "nosuch", "--out", str(ROOT / "a2")]),
+        ("analyze ablation: budget 0", ["analyze", "ablation", *m, "--budget", "0", "--out", str(ROOT / "a2")]),
         ("demo: length 0", ["demo", "--length", "0"]),
         ("unknown command", ["nosuch"]), ("unknown option", ["generate", "--nosuch"]),
     ]:
@@ -233,6 +234,8 @@ def faults(f: dict[str, str]) -> list[str]:
     counted = next((line for line in done.stdout.splitlines() if "finished cells" in line), "")
     ROWS.append(("report: five duplicated records", *verdict(done, "ran")))
     notes.append(f"- Five duplicated lines: {dup[0]} record lines, {dup[1]} keys; the report says \"{counted}\".")
+    case("report: --against an unknown label", "report", str(out), "--against", "nosuch", "--no-plots")
+    case("bench: the same directory in bfloat16", *args[3:], "--dtype", "bfloat16")
     # Deleted while running: the first run stops at its next record, the second one owns the new file.
     out2 = ROOT / "sweep2"
     args2 = [a if a != str(out) else str(out2) for a in args]

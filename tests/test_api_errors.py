@@ -22,6 +22,8 @@ from conftest import TOKENIZER, random_prompt, tiny_model
     (lambda m: dapq.ask(m, TOKENIZER, "a context as text", ["q"]), "needs the CompressedContext"),
     (lambda m: dapq.generate(m, TOKENIZER, None, dapq.build("deferkv", budget=2, steps=1000),
                              prompt_ids=[random_prompt(5)]), "1000 look-ahead steps"),
+    (lambda m: dapq.generate(m, TOKENIZER, None, dapq.build("h2o", budget=8, keep_recent=100000),
+                             prompt_ids=[random_prompt(5)]), "keep_recent=100000 exceeds the model's context"),
 ])
 def test_api_bad_input_is_one_named_error(llama, call, message):
     with pytest.raises(DapqError, match=message):
@@ -38,8 +40,8 @@ def test_a_compressed_context_refuses_another_model_or_dtype(llama):
 
 
 def test_prompts_shorter_than_the_recent_tokens_keep_everything(llama):
-    """A 5-token prompt under keep_recent=8 (DeferKV's default) or keep_recent=100000 used to crash."""
-    for method in (dapq.build("deferkv", budget=2, steps=3), dapq.build("dapq", budget=8, keep_recent=100000),
+    """A 5-token prompt under keep_recent=8 (DeferKV's default) or keep_recent=200 used to crash."""
+    for method in (dapq.build("deferkv", budget=2, steps=3), dapq.build("dapq", budget=8, keep_recent=200),
                    dapq.build("snapkv", budget=4, window=16, layer_budget="pyramid")):
         out = dapq.generate(llama, TOKENIZER, None, method, prompt_ids=[random_prompt(5)], max_new_tokens=2)
         assert len(out[0].token_ids) == 2

@@ -241,6 +241,25 @@ def test_streamingllm_keeps_sinks_and_recent(llama):
         assert layer.kept_indices[0, 0].tolist() == [0, 1, 2, 3, 44, 45, 46, 47, 48, 49]
 
 
+def test_a_layer_invariant_selection_equals_selecting_at_every_layer(llama):
+    """StreamingLLM selects once per forward and budget; a per-layer selection picks the same columns."""
+    from dapq.methods.streamingllm import StreamingLLM
+
+    class EveryLayer(StreamingLLM):
+        layer_invariant = False
+
+    prompts = [random_prompt(50, seed=9), random_prompt(31, seed=10)]  # left padding: mixed lengths
+    for kw in ({"budget": 10}, {"budget": 12, "layer_budget": "pyramid"}):
+        once = _run(llama, prompts, StreamingLLM(**kw), n=3)
+        each = _run(llama, prompts, EveryLayer(**kw), n=3)
+        assert once[0] == each[0]  # the same greedy tokens
+        for a, b in zip(once[1].cache.layers, each[1].cache.layers, strict=True):
+            assert torch.equal(a.kept_indices, b.kept_indices) and torch.equal(a.pad_slots, b.pad_slots)
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    budgets = {tuple(layer.kept_indices.shape) for layer in once[1].cache.layers}
+    assert len(budgets) > 1  # the pyramid gave layers different budgets: one selection each
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_runs_with_fp32_scores(dtype):
     model = tiny_model("llama").to(dtype)

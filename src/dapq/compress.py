@@ -61,6 +61,9 @@ def make_batch(
     # Look-ahead steps (DeferKV) are decoded at the positions after the prompt: they need room too.
     max_pos = max(max(p) for p in positions) + observation.lookahead_steps
     limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and observation.keep_recent > limit:
+        # A recent window longer than any prompt the model takes is a typo, not a setting.
+        raise DapqError(f"keep_recent={observation.keep_recent} exceeds the model's context of {limit}")
     if limit is not None and max_pos >= limit:
         added = f"{extra} pseudo" if extra else f"{observation.lookahead_steps} look-ahead steps"
         raise DapqError(f"prompt of {width} tokens (+{added}) needs position {max_pos}, "
@@ -127,6 +130,11 @@ class _EvictionHooks(AttentionHooks):
         self.padded = not bool(self.valid.all())
         self.whole = (self.kept == batch.prompt_lengths[:, None]).all(dim=0).tolist()  # (L,) nothing to evict
         self.timer = _StepTimer(model.device)
+        # A layer-invariant method's selection, per (kept counts, slots): layers that share a
+        # budget share it (one selection per forward; an observer still sees every layer).
+        self.selections: dict[tuple, tuple[Tensor, Tensor]] | None = (
+            {} if method.layer_invariant and observer is None else None)
+        self.kept_host = self.kept.T.tolist() if self.selections is not None else None
 
     @property
     def compress_s(self) -> float:
@@ -167,10 +175,16 @@ class _EvictionHooks(AttentionHooks):
             cache.layers[layer_idx] = CompressedLayer.whole(layer.keys[:, :, :width], layer.values[:, :, :width],
                                                             lengths)
             return
-        ctx = self.context(attn, layer.keys, hidden_states, position_embeddings)
-        if self.observer is not None:
-            self.observer(ctx)  # analyses see exactly what the method scores
-        indices, pad_slots = select_slots(self.method, ctx, kept, self.slots[layer_idx])
+        shared = None if self.selections is None else (tuple(self.kept_host[layer_idx]), self.slots[layer_idx])
+        if shared in (self.selections or {}):
+            indices, pad_slots = self.selections[shared]
+        else:
+            ctx = self.context(attn, layer.keys, hidden_states, position_embeddings)
+            if self.observer is not None:
+                self.observer(ctx)  # analyses see exactly what the method scores
+            indices, pad_slots = select_slots(self.method, ctx, kept, self.slots[layer_idx])
+            if shared is not None:
+                self.selections[shared] = indices, pad_slots
         keys, values = gather_slots(layer.keys, layer.values, width, indices)
         cache.layers[layer_idx] = CompressedLayer(keys, values, kept_indices=indices, pad_slots=pad_slots,
                                                   prompt_lengths=lengths, prompt_width=width)

@@ -24,8 +24,10 @@ again, with a one-line notice saying why.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
+import io
 import importlib.util
 import json
 import os
@@ -152,11 +154,15 @@ def convert(gguf_path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     meta = _tokenizer_metadata(gguf_path)
-    loaded_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    # transformers draws its GGUF de-quantisation bar with tqdm on stderr, past its logging switches:
+    # a command whose stderr is one line per error keeps it that way.
+    with contextlib.redirect_stderr(io.StringIO()):
+        loaded_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                      dtype=torch.float32)
     tokenizer = _canonical_tokenizer(loaded_tok, meta)
     if not tokenizer_round_trips(tokenizer):
         raise DapqError(f"the tokenizer converted from {gguf_path.name} does not decode its own encoding")
-    loaded = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantised fp32 tensors now

@@ -59,6 +59,9 @@ def test_budget_maps_to_the_compression_ratio_that_keeps_it():
     ("kvpress:NoSuchPress", "has no press 'NoSuchPress'"),
     ("kvpress:SnapKVPress(window=3)", "takes no window"),
     ("kvpress:SnapKVPress(compression_ratio=0.5)", "gets compression_ratio from the budget"),
+    ("kvpress:SnapKVPress(window_size=-1)", "window_size must not be negative"),
+    ("kvpress:SnapKVPress(window_size=2.5)", "window_size must be an integer"),
+    ("kvpress:SnapKVPress(window_size='x')", "window_size must be an integer"),
 ])
 def test_bad_presses_fail_before_any_work(spec, needle):
     import_kvpress()

@@ -337,7 +337,38 @@ def _check_child() -> int:
                    if "compression_ratio" not in fields else "gets compression_ratio from the budget")
             print(json.dumps({"error": f"kvpress:{name} {why}; its arguments: {', '.join(sorted(fields))}"}))
             return 0
+        bad = _bad_argument(cls, kwargs)
+        if bad:
+            print(json.dumps({"error": f"kvpress:{name}: {bad}"}))
+            return 0
     print(json.dumps({}))
+
+
+def _bad_argument(cls, kwargs: dict) -> str | None:
+    """A press argument of the wrong type or sign, or one the press's own checks refuse; else None.
+
+    kvpress declares no ranges, so the rule is read off each field's default: a number keeps its
+    default's type (an int stays an int) and, where the default is not negative (window sizes,
+    counts, scales), its sign. Then the press is built, so its ``__post_init__`` checks run now
+    and not after the model has loaded.
+    """
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    for key, value in kwargs.items():
+        default = defaults.get(key)
+        if isinstance(default, bool) or not isinstance(default, int | float):
+            continue
+        want = int if isinstance(default, int) else (int, float)
+        if isinstance(value, bool) or not isinstance(value, want):
+            return f"{key} must be {'an integer' if want is int else 'a number'}, got {value!r}"
+        if default >= 0 and value < 0:
+            return f"{key} must not be negative, got {value!r}"
+    try:
+        cls(**kwargs, compression_ratio=0.5)
+    except Exception as exc:  # noqa: BLE001  (any refusal of kvpress's own checks is the user's input)
+        return f"{type(exc).__name__}: {first_line(exc, repr(exc))}"
+    return None
     return 0
 
 

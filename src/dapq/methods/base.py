@@ -174,6 +174,10 @@ class Method:
     window_param: ClassVar[str | None] = None
     #: Named parameter sets for ``build(name, preset=...)``.
     presets: ClassVar[dict[str, dict]] = {}
+    #: True when ``score`` reads only positions and lengths, never a layer's keys or queries
+    #: (StreamingLLM): every layer with the same budget then keeps the same columns, and the
+    #: engine selects them once per forward instead of once per layer.
+    layer_invariant: ClassVar[bool] = False
 
     budget: int | None = param(None, ge=1)
     keep_fraction: float | None = param(None, gt=0.0, lt=1.0)

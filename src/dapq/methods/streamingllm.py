@@ -25,6 +25,7 @@ class StreamingLLM(Method):
 
     name: ClassVar[str] = "streamingllm"
     paper: ClassVar[str] = "StreamingLLM (Xiao et al., 2024)"
+    layer_invariant: ClassVar[bool] = True
 
     sinks: int = param(4, ge=0)
 
