@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import importlib.util
+import io
 import json
 import os
 import shutil
