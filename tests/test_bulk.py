@@ -151,5 +151,7 @@ def test_a_resume_with_other_settings_is_refused_naming_the_requests(model_dir, 
     # "c" names its own method (full): another --method changes only "a", the other two keep theirs.
     code, _, err = run_cli(capsys, *common, "--max-new-tokens", "6", "--method", "h2o")
     assert code == 2 and "1 finished request(s)" in err and "'a' (method)" in err
+    code, _, err = run_cli(capsys, *common, "--max-new-tokens", "6", "--dtype", "bfloat16")
+    assert code == 2 and "3 finished request(s)" in err and "(dtype)" in err
     # The same settings resume (nothing to do), whatever the decode mode.
     assert run_cli(capsys, *common, "--max-new-tokens", "6", "--decode", "eager")[0] == 0 and out.read_text() == before

@@ -197,6 +197,8 @@ class GenerationUnit:
     requests: tuple[Request, ...]
     method: Method
     sampling: SamplingConfig
+    shared: dict = dataclasses.field(default_factory=dict)
+    """What the whole run shares and the output depends on (model, dtype, device): in each settings."""
 
     @property
     def keys(self) -> tuple:
@@ -209,17 +211,18 @@ class GenerationUnit:
     def run(self, model, tokenizer) -> list[dict]:
         results = generate(model, tokenizer, [], self.method, self.sampling,
                            prompt_ids=[list(r.prompt_ids) for r in self.requests])
-        return [{"id": r.id, **result_fields(res, self.method), "settings": settings(r, self.sampling)}
+        return [{"id": r.id, **result_fields(res, self.method), "settings": settings(r, self.sampling, self.shared)}
                 for r, res in zip(self.requests, results, strict=True)]
 
 
-def settings(request: Request, sampling: SamplingConfig) -> dict:
+def settings(request: Request, sampling: SamplingConfig, run: dict | None = None) -> dict:
     """Everything that decides a request's output, as stored with its record (JSON-normal form).
 
-    The decode mode is left out: every mode gives the same tokens (``tests/test_decoding.py``).
+    ``run`` holds what every request of the run shares (the model, dtype and device). The decode
+    mode is left out: every mode gives the same tokens (``tests/test_decoding.py``).
     """
     fields = {
-        "method": request.method.config(), "budget": request.method.budget,
+        **(run or {}), "method": request.method.config(), "budget": request.method.budget,
         "keep_fraction": request.method.keep_fraction,
         "sampling": {k: v for k, v in dataclasses.asdict(sampling).items() if k != "decode"},
         "prompt_sha256": hashlib.sha256(json.dumps(list(request.prompt_ids)).encode()).hexdigest()[:16],
@@ -227,7 +230,8 @@ def settings(request: Request, sampling: SamplingConfig) -> dict:
     return json.loads(json.dumps(fields, default=str))
 
 
-def changed_requests(requests: Sequence[Request], log: GenerationLog, sampling: SamplingConfig) -> list[str]:
+def changed_requests(requests: Sequence[Request], log: GenerationLog, sampling: SamplingConfig,
+                     run: dict | None = None) -> list[str]:
     """Finished requests whose stored settings differ from this run's: ``"id (what changed)"`` each.
 
     Records written before settings were stored cannot be checked and are taken as they are.
@@ -237,7 +241,7 @@ def changed_requests(requests: Sequence[Request], log: GenerationLog, sampling: 
         stored = (log.get(r.id) or {}).get("settings")
         if stored is None:
             continue
-        now = settings(r, sampling)
+        now = settings(r, sampling, run)
         diff = [k for k in now if k != "sampling" and stored.get(k) != now[k]]
         diff += [k for k, v in now["sampling"].items() if stored.get("sampling", {}).get(k) != v]
         if diff:
@@ -245,8 +249,8 @@ def changed_requests(requests: Sequence[Request], log: GenerationLog, sampling: 
     return out
 
 
-def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batch_size: int = 4
-                     ) -> list[GenerationUnit]:
+def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batch_size: int = 4,
+                     run: dict | None = None) -> list[GenerationUnit]:
     """Batches of up to ``batch_size`` requests that share a method, neighbours in length.
 
     Sorting by length within a method keeps left padding (wasted prefill work) small.
@@ -261,22 +265,23 @@ def generation_units(requests: Sequence[Request], sampling: SamplingConfig, batc
         group = sorted(group, key=lambda r: len(r.prompt_ids))
         for start in range(0, len(group), batch_size):
             chunk = tuple(group[start : start + batch_size])
-            units.append(GenerationUnit(requests=chunk, method=chunk[0].method, sampling=sampling))
+            units.append(GenerationUnit(requests=chunk, method=chunk[0].method, sampling=sampling, shared=dict(run or {})))
     return units
 
 
 def run_bulk(executor: Executor, requests: Sequence[Request], log: GenerationLog, *, sampling: SamplingConfig,
-             batch_size: int = 4, show_progress: bool = True) -> int:
+             batch_size: int = 4, show_progress: bool = True, run: dict | None = None) -> int:
     """Generate every request whose id is not in ``log`` yet; returns the records written.
 
-    A finished request whose method, budget, sampling or prompt differ from this run's is refused
-    (one :class:`DapqError` naming them) rather than kept under settings it was not made with.
+    A finished request whose method, budget, sampling, prompt or ``run`` settings (the model,
+    dtype and device, as the caller names them) differ from this run's is refused (one
+    :class:`DapqError` naming them) rather than kept under settings it was not made with.
     """
-    changed = changed_requests(requests, log, sampling)
+    changed = changed_requests(requests, log, sampling, run)
     if changed:
         shown = "; ".join(changed[:3]) + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise DapqError(f"{log.path}: {len(changed)} finished request(s) were made with other settings: {shown}. "
                         "Give another --output, or delete their lines to generate them again")
     todo = [r for r in requests if r.id not in log]
-    units = generation_units(todo, sampling, batch_size)
+    units = generation_units(todo, sampling, batch_size, run)
     return write_results(executor, units, log, show_progress=show_progress, description="generate")

@@ -49,6 +49,14 @@ def test_the_average_over_tasks_is_the_mean_of_task_means():
     assert "pooled" in small.how and small.mean == pytest.approx(0.25)
 
 
+def test_a_row_of_zeros_still_has_an_interval():
+    # 11 tasks x 3 prompts, every score 0: a bootstrap has nothing to resample; the exact interval does.
+    ci = stats.average_interval({f"t{i}": [0.0] * 3 for i in range(11)})
+    assert ci.mean == 0.0 and ci.low == 0.0 and ci.high == pytest.approx(clopper_pearson(0, 33)[1])
+    partial = stats.average_interval({f"t{i}": [0.0, 0.5, 0.0] for i in range(11)})  # not 0/1: bootstrap
+    assert 0.0 <= partial.low < partial.mean < partial.high <= 0.5 and "pooled" in partial.how
+
+
 def test_identical_methods_differ_by_nothing():
     scores = {("t", i): float(i % 3 == 0) for i in range(30)}
     result = stats.paired(scores, dict(scores))

@@ -130,13 +130,26 @@ def average_interval(by_task: Mapping[str, Sequence[float]]) -> Interval:
     if len(groups) == 1:
         single = interval(groups[0])
         return Interval(n, mean, single.low, single.high, single.how)
+    pooled = np.concatenate(groups)
+    if np.all((pooled == 0) | (pooled == 1)) and len({len(g) for g in groups}) == 1:
+        # 0/1 scores, as many prompts in every task: the average is the pooled proportion, and its
+        # exact interval stays honest where a bootstrap has no spread to resample (all 0 or all 1).
+        exact = interval(pooled)
+        return Interval(n, mean, exact.low, exact.high, "exact binomial (pooled; equal prompts per task)")
     samples, how = _strata(groups)
     if len(samples) == 1 and len(samples[0]) < 2:
         return Interval(n, mean, float("nan"), float("nan"), "bootstrap (n < 2)")
     low, high = _bootstrap(samples, _mean_of_means if len(samples) > 1 else _pooled_mean)
-    # The pooled resample estimates the pooled mean; centre its interval on the table's average.
+    # The pooled resample estimates the pooled mean; centre its interval on the table's average,
+    # inside the range the scores can average to.
     shift = mean - float(samples[0].mean()) if len(samples) == 1 else 0.0
-    return Interval(n, mean, low + shift, high + shift, how)
+    low, high = _clip(low + shift, pooled), _clip(high + shift, pooled)
+    return Interval(n, mean, low, high, how + (" (no spread)" if low == high else ""))
+
+
+def _clip(value: float, data: np.ndarray) -> float:
+    """``value`` inside [min, max] of ``data`` (+0.0 turns a -0.0 into 0.0 for printing)."""
+    return float(np.clip(value, data.min(), data.max())) + 0.0
 
 
 def paired(scores: Mapping[tuple, float], reference: Mapping[tuple, float]) -> Paired | None:
@@ -161,6 +174,7 @@ def paired(scores: Mapping[tuple, float], reference: Mapping[tuple, float]) -> P
     else:
         low, high = _bootstrap(samples, _mean_of_means if len(samples) > 1 else _pooled_mean)
         if len(samples) == 1:
-            low, high = low + diff - float(samples[0].mean()), high + diff - float(samples[0].mean())
+            shift = diff - float(samples[0].mean())
+            low, high = _clip(low + shift, d), _clip(high + shift, d)
     sign_p = float(stats.binomtest(won, won + lost).pvalue) if won + lost else 1.0
     return Paired(len(shared), diff, low, high, won, lost, len(shared) - won - lost, sign_p, "paired " + how)

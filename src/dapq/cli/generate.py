@@ -160,5 +160,6 @@ def _bulk(job: _Job, input_file: Path | None, output_file: Path | None, batch_si
                                    answer_prefix=job.answer_prefix, max_context=setup.max_context,
                                    max_new_tokens=job.sampling.max_new_tokens)
         done = sum(r.id in log for r in requests)
-        written = run_bulk(setup.executor, requests, log, sampling=job.sampling, batch_size=batch_size)
+        written = run_bulk(setup.executor, requests, log, sampling=job.sampling, batch_size=batch_size,
+                           run={"model": job.model or opt.DEFAULT_MODEL_ID, **setup.precision})
     typer.echo(f"{written} generated, {done} already in {output_file}", err=True)

@@ -60,6 +60,14 @@ class Setup:
     def max_context(self) -> int | None:
         return getattr(self.config, "max_position_embeddings", None)
 
+    @property
+    def precision(self) -> dict:
+        """The dtype and device type the units run in (a Ray executor's spec says what its workers got)."""
+        if self.model is not None:
+            return {"dtype": str(self.model.dtype).removeprefix("torch."), "device": self.model.device.type}
+        spec = self.executor.spec
+        return {"dtype": spec.dtype, "device": (spec.device or "auto").split(":")[0]}
+
 
 @contextmanager
 def model_and_executor(spec: ModelSpec, ray: RayOptions) -> Iterator[Setup]:

@@ -236,6 +236,7 @@ class JsonlLog:
             # append to a file we no longer hold.
             raise DapqError(f"{self.path}: the output was deleted or replaced while this run wrote it; "
                             "stopping (run again to resume from what is there)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         size = self.path.stat().st_size if self.path.exists() else 0
         text = json.dumps(record, default=str) + "\n"
         if size == 0 and self.header is not None:
