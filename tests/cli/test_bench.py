@@ -91,13 +91,14 @@ def test_an_interrupted_bench_exits_130_keeps_its_records_and_resumes(model_dir,
 
     out = tmp_path / "sweep"
     args = [sys.executable, "-m", "dapq.cli", "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths",
-            ",".join(str(d / 10) for d in range(11)), "--samples", "4", "--methods", "full,dapq,snapkv,h2o",
-            "--budgets", "16,32,48", "--out", str(out)]
+            ",".join(str(d / 10) for d in range(11)), "--samples", "60", "--methods", "full,dapq,snapkv,h2o",
+            "--budgets", "16,32,48", "--out", str(out)]  # 660 prompts: minutes, far longer than the wait below
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not results.exists() or results.read_text().count("\n") < 4):
         time.sleep(0.05)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     stdout, err = proc.communicate(timeout=60)
     kept = [json.loads(line)["key"] for line in results.read_text().splitlines()[1:]]
@@ -105,7 +106,8 @@ def test_an_interrupted_bench_exits_130_keeps_its_records_and_resumes(model_dir,
     assert err.strip().splitlines()[-1].startswith("dapq: interrupted; kept what had finished (")
     assert f"{len(kept)} in {results}" in err and "Traceback" not in err and "| full |" not in stdout
     # The same command resumes: the kept records stay as they were, and each key is written once.
-    done = subprocess.run(args[:-6] + ["--methods", "full", "--out", str(out)], capture_output=True, text=True)
+    resume = [a if a != "60" else "2" for a in args[:-6]] + ["--methods", "full", "--out", str(out)]
+    done = subprocess.run(resume, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     after = [json.loads(line)["key"] for line in results.read_text().splitlines()[1:]]
     assert after[: len(kept)] == kept and len(set(after)) == len(after)
