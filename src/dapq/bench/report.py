@@ -387,8 +387,10 @@ def _uncertainty(records: list[dict], taskset: str, against: str | None) -> list
     averages, cells = interval_tables(records, taskset)
     parts = ["", f"### {taskset}: n and 95% intervals", "",
              "Scores in points. A cell whose scores are all 0 or 1 gets the exact (Clopper-Pearson) binomial "
-             "interval; other cells a BCa bootstrap over prompts; a row's average (the mean of its task means) a "
-             "bootstrap that resamples each task's prompts on its own.", "", markdown(*averages)]
+             "interval; other cells a BCa bootstrap over prompts. A row's average (the mean of its task means) gets "
+             f"a bootstrap that resamples each task's prompts on its own once every task has {stats.MIN_STRATUM} "
+             "prompts, and pools them below that (or, for 0/1 scores and as many prompts in every task, the exact "
+             "binomial of the pooled prompts). The interval column says which.", "", markdown(*averages)]
     if len(cells[1]) > len(averages[1]):  # several tasks a row: each cell too
         parts += ["", markdown(*cells)]
     if against:

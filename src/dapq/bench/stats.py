@@ -6,7 +6,8 @@ The records are per prompt, so every figure of a report comes with the prompts i
   score is 0 or 1 (NIAH, most RULER tasks), else a BCa bootstrap over the prompts (``scipy.stats``);
 - **a row's average over tasks** (the tables' ``avg``, the mean of task means): a bootstrap that
   resamples each task's prompts on its own (tasks of at least :data:`MIN_STRATUM` prompts), else
-  all prompts pooled;
+  all prompts pooled; for 0/1 scores with as many prompts in every task, the exact binomial of the
+  pooled prompts;
 - **a paired difference** (``dapq report --against METHOD``): the same prompts under two methods,
   their per-prompt score differences averaged like the table (per task, then over tasks),
   bootstrapped in pairs, with the prompts won, lost and tied and an exact sign test of won
@@ -74,14 +75,14 @@ class Paired:
         return "no difference shown"
 
 
-def _bootstrap(samples: Sequence[np.ndarray], statistic, *, paired: bool = False) -> tuple[float, float]:
+def _bootstrap(samples: Sequence[np.ndarray], statistic) -> tuple[float, float]:
     """BCa interval of ``statistic`` (percentile where BCa is undefined: a constant resample)."""
     if all(np.all(s == s.flat[0]) for s in samples):  # no spread: every resample gives the estimate
         value = float(statistic(*samples, axis=-1))
         return value, value
     rng = np.random.default_rng(SEED)
     for method in ("BCa", "percentile"):
-        res = stats.bootstrap(tuple(samples), statistic, paired=paired, vectorized=True, confidence_level=CONFIDENCE,
+        res = stats.bootstrap(tuple(samples), statistic, vectorized=True, confidence_level=CONFIDENCE,
                               n_resamples=RESAMPLES, method=method, random_state=rng)
         low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
         if np.isfinite(low) and np.isfinite(high):
