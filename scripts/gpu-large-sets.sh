@@ -48,9 +48,10 @@ for n in $(seq "$step" "$step" "$up_to"); do
         [ "$left" -le 10 ] && break 2
         start=$(date +%s)
         if [ "$job" = ruler ]; then args=("${ruler[@]}" --samples "$n"); else args=("${niah[@]}" --samples "$n"); fi
-        # A round cut by the time box keeps every cell it finished (exit 124 from timeout is expected).
+        # A round cut by the time box keeps every cell it finished: each is fsynced as it ends (TERM,
+        # not INT: a background job's children may ignore SIGINT). Exit 124 from timeout is expected.
         rc=0
-        timeout --signal=INT "$left" "$PY" -m dapq.cli bench "${args[@]}" --methods "$ours${peers:+,$peers}" \
+        timeout --signal=TERM "$left" "$PY" -m dapq.cli bench "${args[@]}" --methods "$ours${peers:+,$peers}" \
             --out "$OUT/$job" > /dev/null || rc=$?
         [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$rc" = 130 ] || exit "$rc"
         echo "$job $n per task/depth: $(( $(date +%s) - start )) s" | tee -a "$OUT/rounds.txt"

@@ -200,7 +200,9 @@ def faults(f: dict[str, str]) -> list[str]:
     results = out / "results.jsonl"
 
     def run_until(n: int, sig: int) -> subprocess.CompletedProcess | None:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # SIGINT's default disposition in the child, even when this probe runs as a background job.
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         while proc.poll() is None and records(results)[0] < n:
             time.sleep(0.05)
         proc.send_signal(sig)

@@ -264,19 +264,24 @@ def test_cli_bench_speed(tmp_path, tokenizer, capsys):
     assert {r["cell"] for r in records} == {"ttft", "decode", "e2e"}
 
 
-@pytest.mark.parametrize("args", [
-    ["--parts", "nope"],
-    ["--peers", "h2o"],
-    ["--batches", "0"],
-    ["--budget", "500", "--context", "100", "--lengths", "100"],
-    ["--random-weights", "no-such-config"],
-    ["--model", "x", "--random-weights", "llama-3-8b"],
-    ["--methods", "oracle"],
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--parts", "nope"], "--parts"),
+    (["--peers", "h2o"], "no kvpress peer"),
+    (["--batches", "0"], "--batches"),
+    (["--budget", "500", "--context", "100", "--lengths", "100"], "--budget"),
+    (["--random-weights", "no-such-config"], "no-such-config"),
+    (["--model", "x", "--random-weights", "llama-3-8b"], "not both"),
+    (["--methods", "oracle"], "oracle"),
+    # An explicit 0 used to fall back to the default (128, 4000, ...) and run.
+    (["--budget", "0", "--lengths", "200", "--context", "300"], "--budget must lie in [1, 200)"),
+    (["--context", "0", "--parts", "decode"], "--context must be >= 1"),
+    (["--max-batch", "0", "--parts", "decode"], "--max-batch must be >= 1"),
+    (["--parts", "peer", "--context", "300", "--peers", "kvpress:Nope"], "kvpress has no press 'Nope'"),
 ])
-def test_cli_bench_speed_bad_input(tmp_path, capsys, args):
+def test_cli_bench_speed_bad_input(tmp_path, capsys, args, needle):
     code, _, err = run_cli(capsys, "bench", "speed", "--out", str(tmp_path / "o"), *args)
     assert code == 2
-    assert err.startswith("dapq: error:") and len(err.strip().splitlines()) == 1
+    assert err.startswith("dapq: error:") and needle in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_random_weights_from_a_config_file(tmp_path):

@@ -93,7 +93,10 @@ def test_an_interrupted_bench_exits_130_keeps_its_records_and_resumes(model_dir,
     args = [sys.executable, "-m", "dapq.cli", "bench", "niah", "--model", model_dir, "--lengths", "200", "--depths",
             ",".join(str(d / 10) for d in range(11)), "--samples", "60", "--methods", "full,dapq,snapkv,h2o",
             "--budgets", "16,32,48", "--out", str(out)]  # 660 prompts: minutes, far longer than the wait below
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A child of a background job starts with SIGINT ignored (and Python then installs no
+    # KeyboardInterrupt handler): give it the default disposition, as a terminal's Ctrl-C would find.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     results = out / "results.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not results.exists() or results.read_text().count("\n") < 4):

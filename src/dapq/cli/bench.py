@@ -162,7 +162,9 @@ def _speed_config(quick, device, context, budget, lengths, batches, max_batch, d
     elif quick:
         batch_list = base.batches
     else:
-        top = max_batch or (512 if device.startswith("cuda") else 32)
+        top = max_batch if max_batch is not None else (512 if device.startswith("cuda") else 32)
+        if top < 1:
+            raise ConfigError(f"--max-batch must be >= 1, got {top}")
         batch_list = tuple(2**i for i in range(top.bit_length()) if 2**i <= top)
     part_list = tuple(p for p in parts.split(",") if p)
     if not part_list or set(part_list) - set(PARTS):
@@ -170,15 +172,18 @@ def _speed_config(quick, device, context, budget, lengths, batches, max_batch, d
     if memory_limit is not None and memory_limit <= 0:
         raise ConfigError(f"--memory-limit must be a positive number of GiB, got {memory_limit:g}")
     cfg = SpeedConfig(
-        context=context or base.context, budget=budget or base.budget,
+        # `is None`, not `or`: an explicit 0 is a value to refuse below, not a request for the default.
+        context=base.context if context is None else context, budget=base.budget if budget is None else budget,
         lengths=opt.int_list(lengths, "--lengths", 2) if lengths else base.lengths,
-        batches=batch_list, decode_tokens=decode_tokens or base.decode_tokens,
+        batches=batch_list, decode_tokens=base.decode_tokens if decode_tokens is None else decode_tokens,
         repeats=repeats if repeats is not None else base.repeats,
         warmup=warmup if warmup is not None else base.warmup,
         parts=part_list, memory_limit=None if memory_limit is None else int(memory_limit * 2**30), decode=decode,
     )
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.decode_tokens < 2:
         raise ConfigError("--repeats must be >= 1, --warmup >= 0 and --decode-tokens >= 2")
+    if cfg.context < 1:
+        raise ConfigError(f"--context must be >= 1 token, got {cfg.context}")
     shortest = min(cfg.needed_lengths())
     if not 1 <= cfg.budget < shortest:
         raise ConfigError(f"--budget must lie in [1, {shortest}) to compress anything")
@@ -191,8 +196,10 @@ def _speed_peers(peers: str, cfg: SpeedConfig) -> tuple[str, ...]:
         return ()
     peer_list = tuple(p for p in peers.split(",") if p)
     kvpress_peer = _kvpress_peer()
-    for name in peer_list:
-        kvpress_peer.speed_press(name)  # an unknown peer fails here
+    presses = [kvpress_peer.speed_press(name) for name in peer_list]  # an unknown short name fails here
+    # A kvpress:PressName kvpress lacks fails here too, in one line, not as an error cell after the run.
+    kvpress_peer.check_presses([(press, {}) for name, press in zip(peer_list, presses, strict=True)
+                                if name.startswith("kvpress:")])
     return (*peer_list, kvpress_peer.NO_PRESS) if peer_list else ()  # the pipeline without a press: the baseline
 
 
