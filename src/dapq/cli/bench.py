@@ -198,8 +198,9 @@ def _speed_peers(peers: str, cfg: SpeedConfig) -> tuple[str, ...]:
     kvpress_peer = _kvpress_peer()
     presses = [kvpress_peer.speed_press(name) for name in peer_list]  # an unknown short name fails here
     # A kvpress:PressName kvpress lacks fails here too, in one line, not as an error cell after the run.
-    kvpress_peer.check_presses([(press, {}) for name, press in zip(peer_list, presses, strict=True)
-                                if name.startswith("kvpress:")])
+    named = [(press, {}) for name, press in zip(peer_list, presses, strict=True) if name.startswith("kvpress:")]
+    if named:  # only a named press needs kvpress here; the short names run in the kvpress child later
+        kvpress_peer.check_presses(named)
     return (*peer_list, kvpress_peer.NO_PRESS) if peer_list else ()  # the pipeline without a press: the baseline
 
 
