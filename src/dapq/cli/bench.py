@@ -153,6 +153,11 @@ def bench_speed(
     typer.echo(render(out, plots=False))
 
 
+def _given(value, default):
+    """``value`` unless the option was left out. Not ``value or default``: an explicit 0 is refused later."""
+    return default if value is None else value
+
+
 def _speed_config(quick, device, context, budget, lengths, batches, max_batch, decode_tokens, repeats, warmup,
                   parts, memory_limit, decode) -> SpeedConfig:
     """The speed run's configuration from its options, checking only the cells it will make."""
@@ -162,7 +167,7 @@ def _speed_config(quick, device, context, budget, lengths, batches, max_batch, d
     elif quick:
         batch_list = base.batches
     else:
-        top = max_batch if max_batch is not None else (512 if device.startswith("cuda") else 32)
+        top = _given(max_batch, 512 if device.startswith("cuda") else 32)
         if top < 1:
             raise ConfigError(f"--max-batch must be >= 1, got {top}")
         batch_list = tuple(2**i for i in range(top.bit_length()) if 2**i <= top)
@@ -172,12 +177,10 @@ def _speed_config(quick, device, context, budget, lengths, batches, max_batch, d
     if memory_limit is not None and memory_limit <= 0:
         raise ConfigError(f"--memory-limit must be a positive number of GiB, got {memory_limit:g}")
     cfg = SpeedConfig(
-        # `is None`, not `or`: an explicit 0 is a value to refuse below, not a request for the default.
-        context=base.context if context is None else context, budget=base.budget if budget is None else budget,
+        context=_given(context, base.context), budget=_given(budget, base.budget),
         lengths=opt.int_list(lengths, "--lengths", 2) if lengths else base.lengths,
-        batches=batch_list, decode_tokens=base.decode_tokens if decode_tokens is None else decode_tokens,
-        repeats=repeats if repeats is not None else base.repeats,
-        warmup=warmup if warmup is not None else base.warmup,
+        batches=batch_list, decode_tokens=_given(decode_tokens, base.decode_tokens),
+        repeats=_given(repeats, base.repeats), warmup=_given(warmup, base.warmup),
         parts=part_list, memory_limit=None if memory_limit is None else int(memory_limit * 2**30), decode=decode,
     )
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.decode_tokens < 2:
