@@ -15,6 +15,9 @@ stage=${1:?tune or check}
 # pseudo positions pushed past the end (where a question after a gap would sit), and PyramidKV's
 # per-layer budgets. StreamingLLM is the reference that ties the default today.
 variants="dapq,dapq(keep_recent=64),dapq(keep_recent=256),dapq(normalize='all'),dapq(position_offset=64),dapq(layer_budget='pyramid'),streamingllm"
+# Second round, after position_offset=64 won the first: what TOVA, the leader in this mode, does
+# differently (one ranking for all heads of a layer; no pooling), on top of that winner.
+variants+=",tova,dapq(position_offset=64,group_reduce='layer'),dapq(position_offset=64,kernel=1)"
 case $stage in
     tune)
         out=${2:-docs/results/large-sets/variants-tuning}

@@ -1,4 +1,4 @@
-"""SnapKV's selection equals NVIDIA kvpress's SnapKVPress, an independent implementation."""
+"""dapq's selections equal NVIDIA kvpress's presses (SnapKVPress, TOVAPress), an independent implementation."""
 
 from __future__ import annotations
 
@@ -44,3 +44,27 @@ def test_snapkv_selection_matches_kvpress(kind, lp, ratio, window, kernel):
             assert torch.all(dist.min(dim=1).values < 1e-5)
             their_cols = sorted(dist.argmin(dim=1).tolist())
             assert their_cols == layout.kept_indices[0, head].tolist(), f"layer {layer_idx} head {head}"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("lp,ratio", [(96, 0.5), (130, 0.8)])
+def test_tova_selection_matches_kvpress(kind, lp, ratio):
+    """TOVA against kvpress's TOVAPress: the same tokens, in every layer and head."""
+    model = tiny_model(kind, seed=4)
+    prompt = random_prompt(lp, seed=lp + 1)
+    ids = torch.tensor([prompt])
+    theirs = DynamicCache()
+    with torch.no_grad(), kvpress.TOVAPress(compression_ratio=ratio)(model):
+        model(input_ids=ids, past_key_values=theirs, use_cache=True)
+    full = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=full, use_cache=True)
+    ours = build("tova", budget=int(lp * (1 - ratio)))
+    state = prefill(model, ours, make_batch(model, ours, [prompt], pad_id=0))
+    for layer_idx, layout in enumerate(state.cache.layers):
+        their_keys = theirs.layers[layer_idx].keys[0]
+        all_keys = full.layers[layer_idx].keys[0]
+        for head in range(their_keys.shape[0]):
+            dist = (their_keys[head][:, None] - all_keys[head][None]).abs().amax(dim=-1)
+            assert torch.all(dist.min(dim=1).values < 1e-5)
+            assert sorted(dist.argmin(dim=1).tolist()) == layout.kept_indices[0, head].tolist(), f"layer {layer_idx}"

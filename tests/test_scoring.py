@@ -58,6 +58,8 @@ def test_group_reduction_and_pooling():
     s = torch.arange(12.0).view(1, 4, 3)
     torch.testing.assert_close(reduce_groups(s, 2, "mean"), torch.tensor([[[1.5, 2.5, 3.5], [7.5, 8.5, 9.5]]]))
     torch.testing.assert_close(reduce_groups(s, 2, "max"), torch.tensor([[[3.0, 4.0, 5.0], [9.0, 10.0, 11.0]]]))
+    # TOVA's layer-wide mean: all four heads, the same row for both KV heads.
+    torch.testing.assert_close(reduce_groups(s, 2, "layer"), torch.tensor([[[4.5, 5.5, 6.5], [4.5, 5.5, 6.5]]]))
     x = torch.rand(2, 3, 17)
     torch.testing.assert_close(pool_scores(x, 5, "avg"), F.avg_pool1d(x, 5, 1, 2))
     torch.testing.assert_close(pool_scores(x, 5, "max"), F.max_pool1d(x, 5, 1, 2))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 QUERY_REDUCTIONS = ("sum", "mean", "max")
-GROUP_REDUCTIONS = ("mean", "max")
+GROUP_REDUCTIONS = ("mean", "max", "layer")
 POOL_MODES = ("max", "avg")
 
 
@@ -189,11 +189,14 @@ def reduce_groups(scores: Tensor, n_kv_heads: int, mode: str = "mean") -> Tensor
 
     Under GQA the G query heads of a group share one KV head, so one keep set must serve all of
     them. ``mean`` follows SnapKV's reference code; ``max`` protects a token that only one head
-    of the group needs.
+    of the group needs; ``layer`` averages over *all* query heads and gives every KV head that one
+    ranking, so a layer keeps the same tokens in each head (TOVA, Oren et al. 2024, Section 3).
     """
     if mode not in GROUP_REDUCTIONS:
         raise ValueError(f"group reduction must be one of {GROUP_REDUCTIONS}")
     bsz, n_q_heads, n_keys = scores.shape
+    if mode == "layer":
+        return scores.mean(dim=1, keepdim=True).expand(bsz, n_kv_heads, n_keys)
     grouped = scores.view(bsz, n_kv_heads, n_q_heads // n_kv_heads, n_keys)
     return grouped.mean(dim=2) if mode == "mean" else grouped.amax(dim=2)
 

@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     random_keep,
     snapkv,
     streamingllm,
+    tova,
 )
 from .base import ALL_PROMPT, AttentionScoredMethod, LayerContext, Method, Observation, param
 from .registry import available, build, method_class, register

@@ -302,8 +302,9 @@ class AttentionScoredMethod(Method):
         Pooling mode.
     query_reduce : {"sum", "mean", "max"}
         Reduction over observation queries.
-    group_reduce : {"mean", "max"}
-        Reduction over the query heads of a GQA group.
+    group_reduce : {"mean", "max", "layer"}
+        Reduction over the query heads of a GQA group; ``layer`` averages over every query head
+        of the layer, so all KV heads keep the same tokens (TOVA).
     """
 
     kernel: int = param(7, ge=1)
