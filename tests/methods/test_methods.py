@@ -132,6 +132,8 @@ def test_presets():
     assert (paper.content, paper.prefix, paper.keep_recent, paper.n_pseudo, paper.kernel) == ("prefix_suffix", None, 0, 32, 7)
     assert paper.split("llama") == (8, 24) and paper.split("qwen3") == (2, 30)  # Table 10 of the paper
     assert build("dapq", budget=64, preset="paper", keep_recent=8).keep_recent == 8  # explicit wins
+    context = build("dapq", budget=64, preset="context")
+    assert (context.position_offset, context.group_reduce, context.content) == (64, "layer", "fixed")
     with pytest.raises(ConfigError, match="no preset"):
         build("dapq", budget=64, preset="nope")
     with pytest.raises(ConfigError, match="no preset"):
