@@ -18,9 +18,12 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import sys
+import threading
 import weakref
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import DapqError
@@ -32,6 +35,34 @@ _NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 # Records appended by this process, per file: what an interrupted command reports as kept.
 WRITTEN: dict[Path, int] = {}
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back while a record is written and counted.
+
+    Python raises KeyboardInterrupt between any two bytecodes, so without this an interrupt could
+    land after the record is on disk but before :data:`WRITTEN` counts it (the run would report
+    one record fewer than it kept), or in mid-write (a torn line). A thread's signal mask cannot
+    hold it (torch's threads would take the signal), so the handler itself is swapped for one that
+    only notes the signal, and the noted signal is handed to the previous handler once the append
+    is complete. Python runs signal handlers in the main thread only, so an append from another
+    thread cannot be interrupted and needs nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if noted:
+        if callable(previous):
+            previous(signal.SIGINT, None)  # Python's default handler: KeyboardInterrupt, here
+        elif previous == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 # One open lock per locked file and process, shared by every writer object of this process: flock
@@ -241,19 +272,20 @@ class JsonlLog:
         text = json.dumps(record, default=str) + "\n"
         if size == 0 and self.header is not None:
             text = json.dumps(self.header) + "\n" + text
-        try:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            if exc.errno not in _NO_ROOM:
-                raise
-            self._cut(size)
-            raise DapqError(f"{self.path}: cannot write ({exc.strerror}); the {len(self)} records before it are "
-                            "kept, and the same command resumes once there is room") from None
-        self._add(record)
-        WRITTEN[self.path] = WRITTEN.get(self.path, 0) + 1
+        with _interrupts_held():
+            try:
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                if exc.errno not in _NO_ROOM:
+                    raise
+                self._cut(size)
+                raise DapqError(f"{self.path}: cannot write ({exc.strerror}); the {len(self)} records before it "
+                                "are kept, and the same command resumes once there is room") from None
+            self._add(record)
+            WRITTEN[self.path] = WRITTEN.get(self.path, 0) + 1
 
     def _cut(self, size: int) -> None:
         """Remove a partly written line (best effort: the next open drops a torn line anyway)."""
