@@ -21,7 +21,8 @@ def test_an_interrupt_during_an_append_lands_after_the_record_is_written_and_cou
         os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, right after the bytes are durable
 
     monkeypatch.setattr(log.os, "fsync", fsync_then_ctrl_c)
-    # Python's own handler, as a command starts with; an earlier test (Ray) may have replaced it.
+    # Python's own handler, as a command run from a terminal has; a test run started in the
+    # background inherits SIGINT ignored, and an ignored Ctrl-C raises nothing.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
