@@ -13,6 +13,7 @@ from transformers import DynamicCache
 
 from dapq import compat
 from dapq.cache import CompressedCache
+from dapq.compress import make_batch, prefill
 from dapq.decoding import DecodeStepper
 
 
@@ -130,3 +131,21 @@ def lock_held_by_another_process(setup: str, path):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def kept_indices(model, method, prompt: list[int], tokenizer=None) -> list[torch.Tensor]:
+    """Each layer's kept prompt columns, (1, Hkv, n), after ``method`` prefills one prompt."""
+    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0, tokenizer=tokenizer))
+    return [layer.kept_indices for layer in state.cache.layers]
+
+
+def kept_columns(cache, full, layer_idx: int) -> list[list[int]]:
+    """The prompt column of each key another implementation kept in ``cache``, per KV head, found
+    by exact match against the uncompressed cache ``full``."""
+    theirs, all_keys = cache.layers[layer_idx].keys[0], full.layers[layer_idx].keys[0]
+    out = []
+    for head in range(theirs.shape[0]):
+        dist = (theirs[head][:, None] - all_keys[head][None]).abs().amax(dim=-1)
+        assert torch.all(dist.min(dim=1).values < 1e-5)
+        out.append(sorted(dist.argmin(dim=1).tolist()))
+    return out

@@ -12,23 +12,12 @@ from dapq.methods import build
 from dapq.prompts import encode_context
 
 from conftest import TOKENIZER, tiny_model
-from helpers import import_kvpress
+from helpers import import_kvpress, kept_columns
 
 kvpress = import_kvpress()
 
 CONTEXT = ("The grass is green. The sky is blue. The sun is yellow. Here we go. One of the special magic "
            "numbers for sleepy-owl is: 4817263. There and back again. Paris is the capital of France. ") * 3
-
-
-def _kept_columns(cache, full, layer_idx: int) -> list[list[int]]:
-    """The context column of each key kvpress kept, found by exact match against the full cache."""
-    theirs, all_keys = cache.layers[layer_idx].keys[0], full.layers[layer_idx].keys[0]
-    out = []
-    for head in range(theirs.shape[0]):
-        dist = (theirs[head][:, None] - all_keys[head][None]).abs().amax(dim=-1)
-        assert torch.all(dist.min(dim=1).values < 1e-5)
-        out.append(sorted(dist.argmin(dim=1).tolist()))
-    return out
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
@@ -52,7 +41,7 @@ def test_dapq_press_keeps_dapq_context_mode_tokens(kind, ratio, params):
     compat.forward(model, torch.tensor([ids]), position_ids=torch.arange(len(ids))[None], cache=full, first_column=0)
     assert cache.get_seq_length() == n_kept < len(ids)
     for layer_idx, layout in enumerate(ours.state.cache.layers):
-        assert _kept_columns(cache, full, layer_idx) == layout.kept_indices[0].tolist(), f"layer {layer_idx}"
+        assert kept_columns(cache, full, layer_idx) == layout.kept_indices[0].tolist(), f"layer {layer_idx}"
 
 
 def test_dapq_press_without_compression_is_plain_kvpress():

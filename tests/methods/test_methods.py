@@ -11,6 +11,9 @@ from dapq.methods import available, build
 from dapq.methods.budgets import pyramid_budgets
 from dapq.methods.lacache import ladder_shape
 
+from conftest import TOKENIZER
+from helpers import kept_indices
+
 
 @pytest.mark.parametrize("name", available())
 def test_methods_are_small_picklable_dataclasses(name):
@@ -90,15 +93,6 @@ def test_dapq_positions():
     assert build("dapq", budget=8, inside_part=2).pseudo_positions(99)[0] == 33
 
 
-def _kept(model, method, prompt):
-    from dapq.compress import make_batch, prefill
-
-    from conftest import TOKENIZER
-
-    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
-    return [layer.kept_indices for layer in state.cache.layers]
-
-
 def test_dapq_hybrid_spans_dapq_and_snapkv(llama):
     """The hybrid's mixing weight interpolates between two independent implementations."""
     import torch
@@ -106,11 +100,11 @@ def test_dapq_hybrid_spans_dapq_and_snapkv(llama):
     from conftest import random_prompt
 
     prompt = random_prompt(90, seed=13)
-    dapq_only = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=0.0), prompt)
-    snap_only = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=1.0, keep_recent=8), prompt)
-    mixed = _kept(llama, build("dapq_hybrid", budget=20, prompt_weight=0.5, keep_recent=8), prompt)
-    assert all(torch.equal(a, b) for a, b in zip(dapq_only, _kept(llama, build("dapq", budget=20), prompt), strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(snap_only, _kept(llama, build("snapkv", budget=20), prompt), strict=True))
+    dapq_only = kept_indices(llama, build("dapq_hybrid", budget=20, prompt_weight=0.0), prompt, TOKENIZER)
+    snap_only = kept_indices(llama, build("dapq_hybrid", budget=20, prompt_weight=1.0, keep_recent=8), prompt, TOKENIZER)
+    mixed = kept_indices(llama, build("dapq_hybrid", budget=20, prompt_weight=0.5, keep_recent=8), prompt, TOKENIZER)
+    assert all(torch.equal(a, b) for a, b in zip(dapq_only, kept_indices(llama, build("dapq", budget=20), prompt, TOKENIZER), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(snap_only, kept_indices(llama, build("snapkv", budget=20), prompt, TOKENIZER), strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(mixed, snap_only, strict=True))
     assert build("dapq_hybrid", budget=8, window=4).observation().queries(90) == 36
     for bad in (dict(window=0), dict(prompt_weight=1.5)):

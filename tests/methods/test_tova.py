@@ -5,16 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapq.compress import make_batch, prefill
 from dapq.errors import ConfigError
 from dapq.methods import build
 
 from conftest import random_prompt, tiny_model
-
-
-def _kept(model, method, prompt):
-    state = prefill(model, method, make_batch(model, method, [prompt], pad_id=0))
-    return [layer.kept_indices[0] for layer in state.cache.layers]  # (Hkv, n) per layer
+from helpers import kept_indices
 
 
 def _reference(kind: str, prompt: list[int], n_kept: int) -> list[list[int]]:
@@ -36,21 +31,21 @@ def _reference(kind: str, prompt: list[int], n_kept: int) -> list[list[int]]:
 @pytest.mark.parametrize("lp,n_kept", [(64, 16), (97, 40), (50, 2)])
 def test_tova_matches_eager_reference(kind, lp, n_kept):
     prompt = random_prompt(lp, seed=lp)
-    ours = _kept(tiny_model(kind), build("tova", budget=n_kept), prompt)
+    ours = kept_indices(tiny_model(kind), build("tova", budget=n_kept), prompt)
     for layer_idx, (heads, expected) in enumerate(zip(ours, _reference(kind, prompt, n_kept), strict=True)):
-        for head in heads:  # one ranking per layer: every KV head keeps the same tokens
+        for head in heads[0]:  # one ranking per layer: every KV head keeps the same tokens
             assert head.tolist() == expected, f"layer {layer_idx}"
 
 
 def test_tova_is_snapkv_with_a_layer_wide_head_reduction(llama):
     prompt = random_prompt(120, seed=5)
-    tova = _kept(llama, build("tova", budget=30), prompt)
-    snap_layer = _kept(llama, build("snapkv", budget=30, window=1, kernel=1, group_reduce="layer"), prompt)
+    tova = kept_indices(llama, build("tova", budget=30), prompt)
+    snap_layer = kept_indices(llama, build("snapkv", budget=30, window=1, kernel=1, group_reduce="layer"), prompt)
     assert all(torch.equal(a, b) for a, b in zip(tova, snap_layer, strict=True))
-    per_group = _kept(llama, build("tova", budget=30, group_reduce="mean"), prompt)
-    snap_group = _kept(llama, build("snapkv", budget=30, window=1, kernel=1), prompt)
+    per_group = kept_indices(llama, build("tova", budget=30, group_reduce="mean"), prompt)
+    snap_group = kept_indices(llama, build("snapkv", budget=30, window=1, kernel=1), prompt)
     assert all(torch.equal(a, b) for a, b in zip(per_group, snap_group, strict=True))
     # The layer-wide ranking is a real change: with per-group means the KV heads disagree somewhere.
-    assert any(not torch.equal(heads[0], heads[1]) for heads in per_group)
+    assert any(not torch.equal(heads[0, 0], heads[0, 1]) for heads in per_group)
     with pytest.raises(ConfigError):
         build("tova", budget=8, group_reduce="median")
