@@ -218,5 +218,14 @@ def test_report_gives_n_intervals_and_paired_differences(capsys, model_dir, tmp_
     line = next(line for line in stdout.splitlines() if line.startswith("| dapq | 16 | 11 |"))
     assert f"| {won} / {lost} / {11 - won - lost} |" in line and f"{100 * sum(diff) / 11:+.1f}" in line
     assert "### niah: paired difference to snapkv" in stdout and (out / "niah-budget.png").exists()
+    # --output puts a second report beside the first: report.md keeps its --against, the links still resolve.
+    (out / "vs").mkdir()
+    code, stdout, err = run(capsys, "report", str(out), "--against", "dapq", "--output", str(out / "vs" / "dapq.md"))
+    assert code == 0, err
+    assert "paired difference to dapq" in (out / "vs" / "dapq.md").read_text()
+    assert "paired difference to snapkv" in (out / "report.md").read_text()
+    assert "](../niah-budget.png)" in stdout and "](niah-budget.png)" in (out / "report.md").read_text()
+    code, stdout, err = run(capsys, "report", str(out), "--output", str(out / "nosuch" / "r.md"))
+    assert code == 2 and err.count("\n") == 1 and "does not exist" in err and not stdout
     code, stdout, err = run(capsys, "report", str(out), "--against", "nosuch", "--no-plots")
     assert code == 2 and "no such rows" in err and "its labels are dapq, full, snapkv" in err and not stdout

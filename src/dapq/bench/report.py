@@ -5,6 +5,7 @@ Works on a partial sweep: cells that have not run are shown as "-" and left out 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -330,14 +331,20 @@ def _sorted_groups(groups):
     return [(k, groups[k]) for k in _sort_rows(groups)]
 
 
-def render(out_dir: str | Path, *, plots: bool = True, against: str | None = None) -> str:
+def render(out_dir: str | Path, *, plots: bool = True, against: str | None = None,
+           output: str | Path | None = None) -> str:
     """Write ``report.md`` (+ PNGs) into the sweep directory and return the markdown.
 
     Each accuracy table is followed by its uncertainty (:mod:`dapq.bench.stats`): every row's
     average and every cell with n and a 95% interval; with ``against``, each row's paired
     difference to that method on the prompts both ran.
+
+    ``output`` names another file for the markdown, so that reports against several methods can
+    sit side by side without overwriting ``report.md``; the PNGs stay in the sweep directory and
+    the markdown links them relative to wherever it is written.
     """
     out = Path(out_dir)
+    target = Path(output) if output is not None else out / "report.md"
     records = usable(list(ResultsStore.open_existing(out)))
     labels = sorted({r["label"] for r in records if r["taskset"] != "speed"})
     if against is not None and against not in labels:
@@ -373,13 +380,18 @@ def render(out_dir: str | Path, *, plots: bool = True, against: str | None = Non
             for by in ("budget", "keep_fraction"):
                 p = files.write(plot_budget_curves, records, taskset, out / f"{taskset}-{by}.png", by=by)
                 if p:
-                    parts += ["", f"![{taskset} score vs {by}]({p.name})"]
+                    parts += ["", f"![{taskset} score vs {by}]({_link(p, target)})"]
             if taskset == "niah":
                 for h in files.write(plot_niah_heatmaps, records, out) or ():
-                    parts.append(f"![{h.stem}]({h.name})")
+                    parts.append(f"![{h.stem}]({_link(h, target)})")
     text = "\n".join(parts) + "\n"
-    files.write(lambda: (out / "report.md").write_text(text, encoding="utf-8"))
+    files.write(lambda: target.write_text(text, encoding="utf-8"))
     return text
+
+
+def _link(image: Path, report: Path) -> str:
+    """The image's path as a markdown file at ``report`` links it (a bare name beside it)."""
+    return Path(os.path.relpath(image.resolve(), report.resolve().parent)).as_posix()
 
 
 def _uncertainty(records: list[dict], taskset: str, against: str | None) -> list[str]:

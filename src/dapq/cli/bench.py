@@ -213,6 +213,10 @@ def report(
     no_plots: bool = typer.Option(False, "--no-plots"),
     against: str = typer.Option(None, "--against", help="A method label (e.g. snapkv, full, "
                                 "kvpress:SnapKVPress): each row's paired difference to it on the same prompts."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the markdown here instead of DIR/report.md "
+                                "(e.g. one file per --against); the plots stay in DIR."),
 ) -> None:
     """Render tables (markdown) and plots (PNG) from a sweep's results file alone."""
-    typer.echo(render(out, plots=not no_plots, against=against))
+    if output is not None and not output.parent.is_dir():
+        raise ConfigError(f"--output {output}: the folder {output.parent} does not exist")
+    typer.echo(render(out, plots=not no_plots, against=against, output=output))
