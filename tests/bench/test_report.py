@@ -131,3 +131,27 @@ def test_modes_ratios_and_peers_get_their_own_rows(tmp_path):
 def test_a_table_without_context_cells_has_no_mode_column():
     header, _ = table([_row_rec("full", 1.0), _row_rec("dapq", 0.5, budget=64)], "ruler")
     assert header[:3] == ["method", "budget", "VT"]
+
+
+def test_rows_that_mix_configurations_are_shown_apart(capsys):
+    from dapq.bench.report import usable
+
+    def rec(sid, score, **config):
+        return {**_rec("ruler", "vt", "dapq", None, sid, score), "config": {"method": "dapq", **config}}
+
+    # A store resumed after the default changed: position_offset 0 then 64, under one label. The
+    # first record also predates the field `kernel` (added later, its default the old behaviour).
+    records = [rec("a", 1.0, position_offset=0), rec("b", 1.0, position_offset=0, kernel=7),
+               rec("c", 0.0, position_offset=64),  # the newest config without `kernel`: the same row
+               rec("a", 0.0, position_offset=64, kernel=7), rec("b", 0.0, position_offset=64, kernel=7),
+               {**rec("a", 0.5, compression_ratio=0.7), "label": "kvpress:SnapKVPress", "peer": "kvpress"},
+               {**rec("b", 0.5, compression_ratio=0.8), "label": "kvpress:SnapKVPress", "peer": "kvpress"}]
+    header, rows = table(usable(records), "ruler")
+    by = {r[0]: r for r in rows}
+    # Pooled, the row would read 50.0; apart, each configuration keeps its own score.
+    assert by["dapq"][2] == "0.0" and by["dapq[position_offset=0]"][2] == "100.0" and len(rows) == 3
+    assert by["kvpress:SnapKVPress (kvpress peer)"][2] == "50.0"  # per-prompt config fields split nothing
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "mix method configurations" in err and "dapq[position_offset=0]" in err
+    assert usable(records[2:]) == records[2:] and not capsys.readouterr().err  # one configuration: unchanged
+    assert [r["sample_id"] for r in usable(records, warn=False) if r["label"] == "dapq"] == ["c", "a", "b"]

@@ -69,7 +69,36 @@ def usable(records: list[dict], *, warn: bool = True) -> list[dict]:
     if warn and len(kept) < len(records):
         print(f"dapq: warning: {len(records) - len(kept)} record(s) lack fields the report needs "
               f"({', '.join(sorted(missing))}) and are left out", file=sys.stderr)
-    return kept
+    return _separate_configs(kept, warn=warn)
+
+
+def _separate_configs(records: list[dict], *, warn: bool) -> list[dict]:
+    """Rows that mix method configurations, split so that no average pools two of them.
+
+    A store resumed by a dapq whose defaults changed gets new cells (the key holds the whole
+    config) under the old label, e.g. two kinds of ``dapq`` row. The newest record's config keeps
+    the label; records with another one are relabelled by the fields that differ, as
+    ``dapq[position_offset=0]``. Only fields both configs carry are compared, so a field added in
+    a later version (with the old behaviour as its default) does not split a row. kvpress rows are
+    left alone: their config holds per-prompt figures.
+    """
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("taskset") != "speed" and isinstance(r.get("config"), dict) and not r.get("peer"):
+            groups[(r["taskset"], *_row_key(r))].append(r)
+    relabelled: dict[int, dict] = {}
+    for group in groups.values():
+        newest = group[-1]["config"]
+        for r in group[:-1]:
+            differ = [k for k in newest if k in r["config"] and r["config"][k] != newest[k]]
+            if differ:
+                old = r["config"]
+                relabelled[id(r)] = {**r, "label": f"{r['label']}[{','.join(f'{k}={old[k]!r}' for k in differ)}]"}
+    if warn and relabelled:
+        names = sorted({r["label"] for r in relabelled.values()})
+        print(f"dapq: warning: some rows mix method configurations (records from dapq versions with other "
+              f"defaults?); the older ones are shown apart as {', '.join(names)}", file=sys.stderr)
+    return [relabelled.get(id(r), r) for r in records]
 
 
 def _mean(xs):
