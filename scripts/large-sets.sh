@@ -1,35 +1,34 @@
 #!/usr/bin/env bash
-# Issue 22's larger sets on this CPU: RULER-4k at 25% of the context kept, dapq's methods, grown in
-# rounds so that a stop at any time leaves every task with the same count (each round resumes the
-# last; the store keeps what finished).
+# Issue 22's larger sets on this CPU: RULER-4k, dapq's methods, grown in rounds so that a stop at
+# any time leaves every task with the same count (each round resumes the last; the store keeps what
+# finished).
 #
-#   scripts/large-sets.sh [OUT] [UP_TO]              # context mode, OUT = docs/results/large-sets/ruler-4k-context
-#   COMPRESS=prompt STEP=10 scripts/large-sets.sh     # prompt mode, OUT = docs/results/large-sets/ruler-4k-prompt
+#   scripts/large-sets.sh [OUT] [UP_TO]              # context mode, 25% kept: OUT = docs/results/large-sets/ruler-4k-context
+#   COMPRESS=prompt STEP=5 scripts/large-sets.sh     # prompt mode: OUT = docs/results/large-sets/ruler-4k-prompt
+#   KEEP=0.5 STEP=5 scripts/large-sets.sh            # 50% kept: OUT = docs/results/large-sets/ruler-4k-context-50
 #
-# The context-mode directory starts from docs/results/context-mode/ruler-4k's context-mode 25%
+# The context-mode 25% directory starts from docs/results/context-mode/ruler-4k's context-mode 25%
 # records (2 per task, the kvpress rows included), which the same keys resume. rounds.txt logs each
 # round's prompts per task and seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 compress=${COMPRESS:-context}
 case $compress in context|prompt) ;; *) echo "COMPRESS must be context or prompt" >&2; exit 2 ;; esac
-out=${1:-docs/results/large-sets/ruler-4k-$compress}
+keep=${KEEP:-0.25}
+case $keep in 0.25) suffix= ;; 0.5) suffix=-50 ;; *) echo "KEEP must be 0.25 or 0.5" >&2; exit 2 ;; esac
+out=${1:-docs/results/large-sets/ruler-4k-$compress$suffix}
 up_to=${2:-50}
 step=${STEP:-2}
 dapq=${DAPQ:-.venv/bin/dapq}
 # tova (native, the same keep sets as kvpress's TOVAPress, which leads context mode at 2 prompts a
-# task) joined after the others had reached 50 a task; it costs a dapq row's time, not a kvpress one's.
-ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova"
-if [ "$compress" = prompt ]; then
-    # In prompt mode the question is in the prompt, so this set asks whether dapq(preset='context'),
-    # chosen with the question unseen (scripts/dapq-variants.sh), would also serve as the default.
-    # Its row is named by its parameters, as in the context-mode set.
-    ours+=",dapq(position_offset=64,group_reduce='layer')"
-fi
+# task) and dapq(preset='context') joined after the first rows had reached 50 a task in context mode
+# at 25% kept; they cost a dapq row's time, not a kvpress one's. The preset row is named by its
+# parameters, as scripts/dapq-variants.sh names it, so that its records resume under one key.
+ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
 mkdir -p "$out"
 for n in $(seq "$step" "$step" "$up_to"); do
     start=$(date +%s)
-    "$dapq" bench ruler --lengths 4000 --seed 1 --samples "$n" --keep-fractions 0.25 --compress "$compress" \
+    "$dapq" bench ruler --lengths 4000 --seed 1 --samples "$n" --keep-fractions "$keep" --compress "$compress" \
         --methods "$ours" --out "$out" > /dev/null
     echo "$n per task: $(( $(date +%s) - start )) s ($(date -u +%H:%M))" >> "$out/rounds.txt"
 done
