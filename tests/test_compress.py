@@ -152,6 +152,9 @@ def test_head_budgets_split_each_layers_total_and_batch_like_alone(llama, name):
         assert counts.sum(dim=1).tolist() == [16 * counts.shape[1]] * len(prompts)
         assert bool((counts >= 3).all())  # floor(0.2 * 16)
         assert [layer.kept_tokens(row) for row in range(len(prompts))] == [16] * len(prompts)
+        for row in range(len(prompts)):
+            columns = layer.kept_columns(row)
+            assert (columns >= 0).sum(dim=-1).tolist() == counts[row].tolist()
         uneven |= bool((counts != 16).any())
     assert uneven  # the split is not the flat one, so the checks above are not trivial
     for prompt, out in zip(prompts, batched, strict=True):

@@ -140,6 +140,12 @@ class CompressedLayer(DynamicLayer):
         bsz, n_kv = self.keys.shape[:2]
         return torch.arange(self.prompt_slots, device=self.pad_slots.device).expand(bsz, n_kv, -1)
 
+    def kept_columns(self, row: int) -> Tensor:
+        """(Hkv, C) the prompt columns row ``row`` attends to per KV head, -1 at its masked slots
+        (padding, or a head's slots beyond its count)."""
+        pad = self.pad_slots[row].reshape(-1, 1)
+        return self.indices()[row].masked_fill(torch.arange(self.prompt_slots, device=pad.device) < pad, -1)
+
     def select(self, rows: Tensor) -> CompressedLayer:
         """The given batch rows (repeats allowed), each with its own slots and padding."""
         pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
