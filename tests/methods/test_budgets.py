@@ -11,10 +11,10 @@ from dapq.methods.budgets import head_counts
 
 
 def _loop_counts(scores: torch.Tensor, kept: list[int], floor: float) -> list[list[int]]:
-    """Ada-KV written out: every head's best floor(floor * K) tokens, then the best remaining pairs."""
+    """Ada-KV written out: every head's best floor(floor * K) tokens (at least one), then the best remaining pairs."""
     out = []
     for row, k in zip(scores.tolist(), kept, strict=True):
-        base = math.floor(floor * k)
+        base = min(k, max(1, math.floor(floor * k))) if floor > 0 else 0
         ranked = [sorted(range(len(s)), key=lambda c, s=s: -s[c]) for s in row]  # stable: earlier column first
         rest = [(-row[h][c], h, r) for h, cols in enumerate(ranked) for r, c in enumerate(cols)
                 if r >= base and row[h][c] != float("-inf")]
@@ -25,7 +25,7 @@ def _loop_counts(scores: torch.Tensor, kept: list[int], floor: float) -> list[li
     return out
 
 
-@pytest.mark.parametrize("floor", [0.0, 0.2, 0.5, 1.0])
+@pytest.mark.parametrize("floor", [0.0, 0.05, 0.2, 0.5, 1.0])
 def test_head_counts_equal_the_loop_and_keep_each_heads_best(floor):
     gen = torch.Generator().manual_seed(0)
     # Heads of very different concentration, ties (rounded scores), padding and forced tokens.
@@ -36,7 +36,7 @@ def test_head_counts_equal_the_loop_and_keep_each_heads_best(floor):
     counts, order = head_counts(scores, kept, floor)
     assert counts.tolist() == _loop_counts(scores, kept.tolist(), floor)
     assert counts.sum(dim=1).tolist() == (4 * kept).tolist()
-    assert bool((counts >= math.floor(floor * 8)).all())
+    assert bool((counts >= (max(1, math.floor(floor * 8)) if floor else 0)).all())
     if floor == 1.0:
         assert counts.tolist() == [[k] * 4 for k in kept.tolist()]  # the flat split
     else:

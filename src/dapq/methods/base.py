@@ -201,8 +201,8 @@ class Method:
     def __post_init__(self) -> None:
         check_params(self)
         if self.head_budget != "flat" and (self.layer_invariant or not self.evicts):
-            raise ConfigError(f"method {self.name!r} ranks every head alike: head_budget='adaptive' needs "
-                              "a method that scores with queries")
+            raise ConfigError(f"head_budget='adaptive' needs a method whose scores differ between heads; "
+                              f"{self.name!r} ranks every head alike")
         if self.budget is not None and self.keep_fraction is not None:
             raise ConfigError("give either a budget or a keep_fraction, not both")
         if self.evicts and self.budget is None and self.keep_fraction is None:

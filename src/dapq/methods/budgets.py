@@ -49,8 +49,8 @@ def head_counts(scores: Tensor, kept: Tensor, floor: float) -> tuple[Tensor, Ten
     split gives every head ``K``. Ada-KV keeps the ``Hkv * K`` pairs of highest score across the
     layer's heads instead, so a head whose attention is concentrated on a few tokens gives slots to
     a head whose attention is spread, for the same total. Its safeguard first gives every head its
-    own ``floor(floor * K)`` best tokens, so that no head is left empty; the rest goes to the best
-    pairs of the layer.
+    own ``floor(floor * K)`` best tokens (at least one), so that no head is left empty; the rest
+    goes to the best pairs of the layer.
 
     The scores must be comparable across heads: attention mass, as every query-scoring method here
     gives (their scores are softmax weights, summed or averaged over the observation queries).
@@ -76,7 +76,11 @@ def head_counts(scores: Tensor, kept: Tensor, floor: float) -> tuple[Tensor, Ten
     """
     bsz, n_kv, width = scores.shape
     ranked, order = scores.sort(dim=-1, descending=True, stable=True)
-    base = (kept.float() * floor).floor().long()  # (B,) the safeguard's share of every head
+    # The safeguard's share of every head, (B,): at least one token when it is on (as kvpress's
+    # AdaKVPress does), in float64 so that the floor is Python's int(K * floor).
+    base = (kept.to(torch.float64) * floor).floor().long()
+    if floor > 0:
+        base = base.clamp(min=1).minimum(kept)
     rank = torch.arange(width, device=scores.device)
     # The safeguard's pairs are taken already; the rest of the layer's budget goes to the best of
     # the other pairs. A stable sort of the flattened (head, rank) pairs keeps each head's pairs in
