@@ -18,6 +18,9 @@ variants="dapq,dapq(keep_recent=64),dapq(keep_recent=256),dapq(normalize='all'),
 # Second round, after position_offset=64 won the first: what TOVA, the leader in this mode, does
 # differently (one ranking for all heads of a layer; no pooling), on top of that winner.
 variants+=",tova,dapq(position_offset=64,group_reduce='layer'),dapq(position_offset=64,kernel=1)"
+# Third round: head-wise budgets (Ada-KV's split of each layer's budget among its KV heads), on the
+# default and on the first round's winner. Not on the layer-wide ranking: it ranks every head alike.
+variants+=",dapq(head_budget='adaptive'),dapq(position_offset=64,head_budget='adaptive')"
 case $stage in
     tune)
         out=${2:-docs/results/large-sets/variants-tuning}

@@ -39,8 +39,10 @@ def masked_reference_logits(model, prompt: list[int], cache: CompressedCache, to
         if layer.kept_indices is None:
             k[:] = True
         else:
-            idx = layer.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots
-            k.scatter_(1, idx, True)
+            idx = layer.kept_indices[0]  # (Hkv, C); a single prompt has no padding slots...
+            # ...but a head-wise layer masks each head's first slots (its count is below C).
+            real = torch.arange(idx.shape[-1]) >= layer.pad_slots[0].reshape(-1, 1)
+            k.scatter_(1, idx, real.expand_as(idx))
         keep.append(k.repeat_interleave(n_heads // n_kv, dim=0))  # (Hq, Lp)
     state = {"new": 0, "queries": 1}
 

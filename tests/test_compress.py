@@ -9,6 +9,8 @@ from transformers import DynamicCache
 import dapq
 from dapq import compat
 from dapq.compress import compress, make_batch, prefill
+from dapq.decoding import DecodeStepper
+from dapq.errors import ConfigError
 from dapq.generation import SamplingConfig, decode
 from dapq.methods import available, build
 
@@ -69,6 +71,9 @@ def test_budget_at_least_prompt_is_exactly_fullkv(any_model, name):
     ("streamingllm", {}),
     ("lacache", {}),
     ("random", {}),
+    ("dapq", {"head_budget": "adaptive"}),
+    ("dapq", {"head_budget": "adaptive", "keep_recent": 4, "layer_budget": "pyramid"}),
+    ("snapkv", {"head_budget": "adaptive", "head_floor": 0.5}),
 ])
 def test_pruned_cache_equals_masked_full_cache(kind, name, kw):
     """Physically pruned cache == full cache with the evicted keys masked out, to fp32 tolerance."""
@@ -131,6 +136,44 @@ def test_non_canonical_batches_equal_alone(llama, name, kw):
     for prompt, out in zip(prompts, batched, strict=True):
         alone, _ = _run(llama, [prompt], method)
         assert out == alone[0]
+
+
+@pytest.mark.parametrize("name", ["dapq", "snapkv", "h2o", "deferkv"])
+def test_head_budgets_split_each_layers_total_and_batch_like_alone(llama, name):
+    """Ada-KV's split: heads keep different counts, the layer's total stays Hkv * K, each head keeps
+    the safeguard's share, and a padded batch (per-head masks) decodes each prompt as alone."""
+    prompts = [random_prompt(n, seed=70 + n) for n in (60, 37, 52)]
+    method = build(name, budget=16, head_budget="adaptive")
+    batched, state = _run(llama, prompts, method)
+    assert not state.cache.canonical
+    uneven = False
+    for layer in state.cache.layers:
+        counts = layer.prompt_slots - layer.pad_slots  # (B, Hkv) real tokens each head keeps
+        assert counts.sum(dim=1).tolist() == [16 * counts.shape[1]] * len(prompts)
+        assert bool((counts >= 3).all())  # floor(0.2 * 16)
+        assert [layer.kept_tokens(row) for row in range(len(prompts))] == [16] * len(prompts)
+        for row in range(len(prompts)):
+            columns = layer.kept_columns(row)
+            assert (columns >= 0).sum(dim=-1).tolist() == counts[row].tolist()
+        uneven |= bool((counts != 16).any())
+    assert uneven  # the split is not the flat one, so the checks above are not trivial
+    for prompt, out in zip(prompts, batched, strict=True):
+        alone, _ = _run(llama, [prompt], method)
+        assert out == alone[0]
+
+
+def test_head_budgets_refuse_position_only_methods_and_flash_attention(llama):
+    with pytest.raises(ConfigError, match="ranks every head alike"):
+        build("streamingllm", budget=16, head_budget="adaptive")
+    prompt = random_prompt(40, seed=6)
+    method = build("dapq", budget=12, head_budget="adaptive")
+    state = prefill(llama, method, make_batch(llama, method, [prompt], pad_id=0, tokenizer=TOKENIZER))
+    llama.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ConfigError, match="per-head mask"), DecodeStepper(llama, state, 2):
+            pass
+    finally:
+        llama.config._attn_implementation = "sdpa"
 
 
 @pytest.mark.parametrize("name", ["dapq", "snapkv", "h2o", "streamingllm", "lacache"])

@@ -40,6 +40,16 @@ def test_question_after_compressed_context_equals_masked_full_cache(llama_eager,
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_question_after_a_head_wise_context_equals_masked_full_cache(llama_eager):
+    """Heads that keep different counts of the context: the question and answer see each head's own keys."""
+    method = build("dapq", budget=16, head_budget="adaptive")
+    tokens = random_prompt(5, seed=14)
+    ctx, ours = _compressed_then_question_logits(llama_eager, method, CONTEXT, QUESTION, tokens)
+    assert any(layer.head_wise for layer in ctx.state.cache.layers)
+    ref = masked_reference_logits(llama_eager, CONTEXT, ctx.state.cache, tokens, question=QUESTION)
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_full_context_mode_is_plain_generation_of_context_then_question(llama):
     """No eviction: the answer is what transformers generates for the concatenated tokens."""
     ctx = compress_context(llama, TOKENIZER, [], "full", context_ids=[CONTEXT])

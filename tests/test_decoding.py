@@ -37,9 +37,10 @@ def test_static_decode_gives_the_eager_tokens_on_a_mixed_batch(llama, name):
     assert all(len(r.token_ids) == NEW for r in runs["static"])
 
 
-@pytest.mark.parametrize("kw", [dict(budget=24), dict(keep_fraction=0.4)])
+@pytest.mark.parametrize("kw", [dict(budget=24), dict(keep_fraction=0.4), dict(budget=16, head_budget="adaptive")])
 def test_static_decode_on_per_layer_and_ratio_layouts(llama, kw):
-    """PyramidKV with padding and kept fractions in a batch need per-layer masks: same tokens."""
+    """PyramidKV with padding, kept fractions in a batch and head-wise budgets need per-layer (or
+    per-head) masks: same tokens."""
     llama.generation_config.eos_token_id = None
     prompts = [random_prompt(n, seed=50 + n) for n in (60, 33)]
     method = build("pyramidkv", **kw)

@@ -70,6 +70,20 @@ def test_generate_many_equals_one_prefill_per_method(llama, tokenizer):
     assert len(outputs) > 3  # the methods disagree, so equality above is not trivial
 
 
+def test_generate_many_stacks_head_wise_rows_with_flat_ones(llama, tokenizer):
+    """A head-wise row whose heads happen to keep equal counts (a safeguard of the whole budget) has
+    a flat row's slot count, so the sweep decodes them in one batch: the flat row's mask is spread
+    over the heads, and each row decodes as alone. That split is the flat one, so its tokens are too."""
+    prompt = random_prompt(70, seed=5)
+    methods = [build("dapq", budget=16), build("dapq", budget=16, head_budget="adaptive", head_floor=1.0),
+               build("snapkv", budget=16, head_budget="adaptive")]
+    many = generate_many(llama, tokenizer, prompt, methods, max_new_tokens=8, max_batch=3)
+    for method, got in zip(methods, many, strict=True):
+        alone = generate(llama, tokenizer, [""], method, prompt_ids=[prompt], max_new_tokens=8)[0]
+        assert got.token_ids == alone.token_ids, method.config()
+    assert many[1].token_ids == many[0].token_ids
+
+
 def test_stacked_states_decode_like_each_alone(llama):
     from dapq.compress import PrefillResult, make_batch, prefill
 

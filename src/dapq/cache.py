@@ -14,8 +14,8 @@ width P keeps ``min(C, Lp_b)`` real tokens, laid out after ``C - min(C, Lp_b)`` 
 mask builder reads the user's *logical* 2-D mask at index ``kv_offset + j = P - C + j`` for
 physical slot ``j``; that entry is padding exactly when ``j < C - Lp_b``. So a plain
 ``model.generate(..., attention_mask=<the original mask + ones>)`` masks exactly the padded
-slots. Layouts where this does not hold (per-layer budgets with padding, or kept fractions in a
-batch) are flagged ``canonical = False``; :class:`dapq.decoding.DecodeStepper` then supplies
+slots. Layouts where this does not hold (per-layer budgets with padding, kept fractions in a
+batch, or KV heads that keep different counts) are flagged ``canonical = False``; :class:`dapq.decoding.DecodeStepper` then supplies
 per-layer masks itself.
 
 Each layer owns its state (kept indices, padding slots, evicted count); the cache is a list of
@@ -47,7 +47,8 @@ class CompressedLayer(DynamicLayer):
         (B, Hkv, C) padded-prompt column of each prompt slot; None when nothing was evicted (the
         slots are the prompt columns in order).
     pad_slots : Tensor
-        (B,) leading prompt slots of each row that are masked (padding).
+        (B,) leading prompt slots of each row that are masked (padding), or (B, Hkv) when the KV
+        heads keep different counts (``head_budget="adaptive"``): each head's masked slots.
     prompt_lengths : Tensor
         (B,) real prompt length of each row.
     prompt_width : int
@@ -101,24 +102,36 @@ class CompressedLayer(DynamicLayer):
 
     # ---------------------------------------------------------------- dapq API
     @property
+    def head_wise(self) -> bool:
+        """True when the KV heads keep different counts: only a per-head mask describes this layer."""
+        return self.pad_slots.dim() == 2
+
+    @property
     def canonical(self) -> bool:
         """True when the logical 2-D mask describes this layer's padding (see the module doc)."""
+        if self.head_wise:
+            return False
         expected = (self.prompt_slots - self.prompt_lengths).clamp(min=0)
         return torch.equal(self.pad_slots.cpu(), expected.cpu())
 
     def kept_tokens(self, row: int) -> int:
-        """Real prompt tokens row ``row`` keeps per KV head (padding slots excluded)."""
-        return self.prompt_slots - int(self.pad_slots[row])
+        """Real prompt tokens row ``row`` keeps per KV head (padding slots excluded; the mean over
+        heads when they keep different counts, which is the budget: their total is fixed)."""
+        pad = self.pad_slots[row]
+        return self.prompt_slots - int(pad.sum()) // pad.numel()
 
     def slot_mask(self, tail: Tensor) -> Tensor:
-        """(B, C + T) bool: which physical slots may be attended to.
+        """(B, C + T) bool, or (B, Hkv, C + T) for a head-wise layer: which physical slots may be attended to.
 
         ``tail`` (B, T) marks which of the T columns appended after the prompt slots (a question,
         generated tokens) are real; padding inside a question block is False.
         """
         slots = torch.arange(self.prompt_slots, device=self.pad_slots.device)
-        prompt = slots[None, :] >= self.pad_slots[:, None]
-        return torch.cat([prompt, tail.to(device=prompt.device, dtype=torch.bool)], dim=1)
+        prompt = slots >= self.pad_slots[..., None]
+        tail = tail.to(device=prompt.device, dtype=torch.bool)
+        if self.head_wise:
+            tail = tail[:, None, :].expand(-1, prompt.shape[1], -1)
+        return torch.cat([prompt, tail], dim=-1)
 
     def indices(self) -> Tensor:
         """(B, Hkv, C) kept prompt columns, also when nothing was evicted."""
@@ -126,6 +139,12 @@ class CompressedLayer(DynamicLayer):
             return self.kept_indices
         bsz, n_kv = self.keys.shape[:2]
         return torch.arange(self.prompt_slots, device=self.pad_slots.device).expand(bsz, n_kv, -1)
+
+    def kept_columns(self, row: int) -> Tensor:
+        """(Hkv, C) the prompt columns row ``row`` attends to per KV head, -1 at its masked slots
+        (padding, or a head's slots beyond its count)."""
+        pad = self.pad_slots[row].reshape(-1, 1)
+        return self.indices()[row].masked_fill(torch.arange(self.prompt_slots, device=pad.device) < pad, -1)
 
     def select(self, rows: Tensor) -> CompressedLayer:
         """The given batch rows (repeats allowed), each with its own slots and padding."""
@@ -141,9 +160,12 @@ class CompressedLayer(DynamicLayer):
         if any(lay.prompt_slots != first.prompt_slots or lay.prompt_width != first.prompt_width for lay in layers):
             raise ValueError("only layers with the same prompt width and slot count can be stacked")
         evicted = any(lay.kept_indices is not None for lay in layers)
+        pads = [lay.pad_slots for lay in layers]
+        if any(lay.head_wise for lay in layers):  # a flat row is a head-wise row with equal heads
+            pads = [p if p.dim() == 2 else p[:, None].expand(-1, lay.keys.shape[1]) for p, lay in zip(pads, layers, strict=True)]
         return cls(torch.cat([lay.keys for lay in layers]), torch.cat([lay.values for lay in layers]),
                    kept_indices=torch.cat([lay.indices() for lay in layers]) if evicted else None,
-                   pad_slots=torch.cat([lay.pad_slots for lay in layers]),
+                   pad_slots=torch.cat(pads),
                    prompt_lengths=torch.cat([lay.prompt_lengths for lay in layers]), prompt_width=first.prompt_width,
                    prompt_slots=first.prompt_slots)
 

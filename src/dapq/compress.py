@@ -27,6 +27,7 @@ from .cache import CompressedCache, CompressedLayer, dynamic_layer
 from .decoding import DecodeStepper
 from .errors import ConfigError, DapqError
 from .methods.base import LayerContext, Method
+from .methods.budgets import head_counts
 from .methods.full import FullKV
 from .models import AttentionHooks, attention_modules, check_supported
 from .scoring import project_queries
@@ -84,6 +85,10 @@ def select_slots(method: Method, ctx: LayerContext, kept: Tensor, n_slots: int) 
     Returns ``(indices, pad_slots)``: ``indices`` (B, Hkv, n_slots) are prompt columns in
     ascending order, preceded in row ``b`` by ``pad_slots[b] = n_slots - kept[b]`` masked slots.
     The always-kept recent tokens outrank every score; padding never outranks a real token.
+
+    With ``method.head_budget == "adaptive"`` the heads keep different counts
+    (:func:`~dapq.methods.budgets.head_counts`, the same total): ``n_slots`` becomes the largest
+    count and ``pad_slots`` is (B, Hkv), each head's masked slots.
     """
     width = ctx.width
     scores = method.score(ctx).float()
@@ -96,15 +101,21 @@ def select_slots(method: Method, ctx: LayerContext, kept: Tensor, n_slots: int) 
         forced = cols[None, :] >= (width - recent)[:, None]
         scores = scores.masked_fill(forced[:, None, :], float("inf"))
     scores = scores.masked_fill(~valid, float("-inf"))
-    # A stable sort instead of topk: max pooling makes plateaus of equal scores, and breaking
-    # those ties by column order (earlier first) is what makes a left-padded row select exactly
-    # what the same prompt selects alone. topk breaks ties in an unspecified way.
-    top = scores.sort(dim=-1, descending=True, stable=True).indices[..., :n_slots]
+    if method.head_budget == "adaptive":
+        counts, top = head_counts(scores, kept, method.head_floor)
+        n_slots = int(counts.max())  # one host sync per layer: the slot count sizes the layer
+        top, pad_slots = top[..., :n_slots], n_slots - counts
+    else:
+        # A stable sort instead of topk: max pooling makes plateaus of equal scores, and breaking
+        # those ties by column order (earlier first) is what makes a left-padded row select exactly
+        # what the same prompt selects alone. topk breaks ties in an unspecified way.
+        top = scores.sort(dim=-1, descending=True, stable=True).indices[..., :n_slots]
+        counts, pad_slots = kept[:, None], n_slots - kept
     rank = torch.arange(n_slots, device=scores.device)
-    keep = rank[None, None, :] < kept[:, None, None]
+    keep = rank[None, None, :] < counts[..., None]
     # Masked slots first (-1), then kept columns in original order: the layout the mask needs.
     order = torch.where(keep, top, torch.full_like(top, -1)).argsort(dim=-1)
-    return top.gather(-1, order), n_slots - kept
+    return top.gather(-1, order), pad_slots
 
 
 def gather_slots(keys: Tensor, values: Tensor, width: int, indices: Tensor) -> tuple[Tensor, Tensor]:

@@ -9,8 +9,8 @@ import cycle.
 Row ``b`` of a batch generates its t-th new token at RoPE position ``Lp_b + t`` whatever was
 evicted. The stepper feeds transformers the *logical* attention mask (the prompt's padding mask
 plus ones) and lets the cache map it onto the physical slots; for layouts where one 2-D mask
-cannot describe every layer (PyramidKV with a padded batch, ratio budgets in a batch) it installs
-per-layer masks through forward pre-hooks for its lifetime.
+cannot describe every layer (PyramidKV with a padded batch, ratio budgets in a batch, head-wise
+budgets) it installs per-layer masks through forward pre-hooks for its lifetime.
 """
 
 from __future__ import annotations
@@ -38,21 +38,22 @@ class _PerLayerMasks(AttentionHooks):
         super().__init__(model)
         self.cache = cache
         self.impl = model.config._attn_implementation
+        self.group = _check_head_masks(model, cache, self.impl)
         self.tail: Tensor | None = None
         self.n_query = 1
 
     def _hook(self, module, args, kwargs):
-        allowed = self.cache.layers[module.layer_idx].slot_mask(self.tail)  # (B, S)
+        allowed = self.cache.layers[module.layer_idx].slot_mask(self.tail)  # (B, S) or (B, Hkv, S)
         if self.impl.startswith("flash"):
             # Flash attention takes a 2-D padding mask and applies causality itself.
             kwargs["attention_mask"] = None if bool(allowed.all()) else allowed.long()
             return args, kwargs
-        mask = allowed[:, None, None, :]
+        mask = _head_mask(allowed, self.group)
         if self.n_query > 1:
-            n_slots = allowed.shape[1]
+            n_slots = allowed.shape[-1]
             cols = torch.arange(n_slots, device=allowed.device)
             last = n_slots - self.n_query + torch.arange(self.n_query, device=allowed.device)
-            mask = mask & (cols[None, :] <= last[:, None])[None, None]  # (B, 1, Q, S)
+            mask = mask & (cols[None, :] <= last[:, None])[None, None]  # (B, 1 or Hq, Q, S)
         if self.impl == "sdpa":
             kwargs["attention_mask"] = mask
         else:
@@ -60,6 +61,25 @@ class _PerLayerMasks(AttentionHooks):
             additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
             kwargs["attention_mask"] = additive.masked_fill(~mask, torch.finfo(dtype).min)
         return args, kwargs
+
+
+def _check_head_masks(model, cache: CompressedCache, impl: str) -> int:
+    """Query heads per KV head, checked to be servable when a layer's heads keep different counts.
+
+    A head-wise layer's mask has one row of slots per query head: the KV head's slots repeated for
+    each query head that reads it (grouped-query attention). Flash attention takes no such mask.
+    """
+    if any(layer.head_wise for layer in cache.layers) and impl.startswith("flash"):
+        raise ConfigError("head_budget='adaptive' needs attention sdpa or eager (flash attention takes no per-head mask)")
+    config = model.config.get_text_config()
+    return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+
+def _head_mask(allowed: Tensor, group: int) -> Tensor:
+    """(B, 1, 1, S) from a layer's (B, S) slot mask, or (B, Hq, 1, S) from a head-wise (B, Hkv, S) one."""
+    if allowed.dim() == 2:
+        return allowed[:, None, None, :]
+    return allowed.repeat_interleave(group, dim=1)[:, :, None, :]
 
 
 class _FixedShapeMasks(AttentionHooks):
@@ -79,21 +99,22 @@ class _FixedShapeMasks(AttentionHooks):
         self.impl = model.config._attn_implementation
         if self.impl.startswith("flash"):
             raise ConfigError("decode='graph' needs attention sdpa or eager (flash attention takes no slot mask)")
+        group = _check_head_masks(model, cache, self.impl)
         self.step, self.layers = step, cache.layers
         self.block: Tensor | None = None  # (B, T): which tokens of the block are real
         self.slots, self.cols = [], []
         for layer in self.layers:
             tail = torch.zeros(layer.pad_slots.shape[0], layer.capacity - layer.prompt_slots, dtype=torch.bool,
                                device=layer.pad_slots.device)
-            self.slots.append(layer.slot_mask(tail)[:, None, None, :].clone())
+            self.slots.append(_head_mask(layer.slot_mask(tail), group).clone())
             self.cols.append(torch.arange(layer.capacity, device=layer.pad_slots.device))
 
     def _hook(self, module, args, kwargs):
         idx = module.layer_idx
         layer, slots = self.layers[idx], self.slots[idx]
         layer.write_cols = layer.prompt_slots + self.step  # (T,) physical columns of this block
-        slots.index_copy_(3, layer.write_cols, self.block[:, None, None, :])
-        mask = slots & (self.cols[idx][None, :] <= layer.write_cols[:, None])[None, None]  # (B, 1, T, S)
+        slots.index_copy_(3, layer.write_cols, self.block[:, None, None, :].expand(-1, slots.shape[1], -1, -1))
+        mask = slots & (self.cols[idx][None, :] <= layer.write_cols[:, None])[None, None]  # (B, 1 or Hq, T, S)
         if self.impl == "sdpa":
             kwargs["attention_mask"] = mask
         else:

@@ -106,3 +106,17 @@ def test_the_pyramid_is_one_option_of_every_method():
     assert pyramid.layer_budgets(1000, 30) == build("snapkv", budget=64, layer_budget="pyramid").layer_budgets(1000, 30)
     assert pyramid.layer_budgets(1000, 30) != [64] * 30
     assert sum(build("streamingllm", budget=64, layer_budget="pyramid").layer_budgets(1000, 30)) == 64 * 30
+
+
+@pytest.mark.parametrize("name", [n for n in available() if n not in ("full", "streamingllm", "random")])
+def test_head_budgets_are_recorded_only_when_set(name):
+    """The cell key hashes the configuration: a parameter added later must not change the keys of
+    the configurations every store already holds, so it is recorded only away from its default."""
+    flat = build(name, budget=8)
+    assert "head_budget" not in flat.config() and "head_floor" not in flat.config()
+    assert set(flat.config()) == {"method"} | flat.field_names() - {"head_budget", "head_floor"}
+    split = build(name, budget=8, head_budget="adaptive", head_floor=0.5)
+    assert split.config()["head_budget"] == "adaptive" and split.config()["head_floor"] == 0.5
+    for method in (flat, split):
+        params = {k: v for k, v in method.config().items() if k != "method"}
+        assert build(name, **params) == method  # the record rebuilds the method

@@ -50,7 +50,7 @@ def method_recall(model, cache, prompt_ids: list[int], trace: DecodeTrace, metho
     real = trace.attention.mean(dim=2)  # (L, Hq, Lp)
     recall, cos = [], []
     for layer, cached in enumerate(result.cache.layers):
-        kept = cached.indices()[0]
+        kept = cached.kept_columns(0)  # -1 at masked slots, which match no reference column
         recall.append(float(keep_recall(kept, budget_ref[layer]).mean()))
         if layer in distributions:
             cos.append(float(cosine(distributions[layer], real[layer]).mean()))

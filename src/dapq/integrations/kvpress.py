@@ -43,8 +43,9 @@ from ..methods.dapq import DapQ
 from ..scoring import project_queries
 
 #: DapQ's parameters a press takes: all of them but the budget, which kvpress sets per context
-#: from its ``compression_ratio``.
-_DAPQ_PARAMS = tuple(f for f in fields(DapQ) if f.name not in ("budget", "keep_fraction"))
+#: from its ``compression_ratio``, and the per-head split, which a press's cache (one length for
+#: every head) cannot hold.
+_DAPQ_PARAMS = tuple(f for f in fields(DapQ) if f.name not in ("budget", "keep_fraction", "head_budget", "head_floor"))
 
 
 class _DapQPressBody:

@@ -43,8 +43,11 @@ from ..scoring import (
     pool_scores,
     reduce_groups,
 )
-from .budgets import LAYER_BUDGETS, pyramid_budgets
+from .budgets import HEAD_BUDGETS, LAYER_BUDGETS, pyramid_budgets
 
+#: Parameters added after results files in today's format existed, with their defaults: a
+#: configuration records them only when set (:meth:`Method.config`), so stored cells keep their keys.
+RECORDED_WHEN_SET: dict[str, Any] = {"head_budget": "flat", "head_floor": 0.2}
 #: ``Observation.prompt_tail`` value meaning "every prompt token" (H2O).
 ALL_PROMPT = -1
 #: Softmax support of the observation queries: the prompt keys only, or also the keys after it.
@@ -159,6 +162,15 @@ class Method:
         2406.02069) with the same mean, the always-kept recent tokens playing its window.
     pyramid_beta : int
         Steepness of the pyramid (20 in the paper and KVCache-Factory).
+    head_budget : {"flat", "adaptive"}
+        The same budget for every KV head of a layer, or Ada-KV's split (Feng et al., 2024, arXiv
+        2407.11550): the layer keeps its ``Hkv * K`` (head, token) pairs of highest score, so heads
+        keep different counts (:func:`~dapq.methods.budgets.head_counts`). Every head then holds
+        as many physical slots as the largest count, the others masked: the attention is that of
+        the chosen pairs, the memory that of the padded layout, and decoding needs dapq's loop
+        (``cache.canonical`` is False; ``model.generate()`` cannot mask per head).
+    head_floor : float
+        Ada-KV's safeguard: the share of ``K`` every head keeps whatever its scores.
 
     A budget that reaches the prompt length means no eviction for that prompt.
     """
@@ -183,9 +195,14 @@ class Method:
     keep_fraction: float | None = param(None, gt=0.0, lt=1.0)
     layer_budget: str = param("flat", choices=LAYER_BUDGETS)
     pyramid_beta: int = param(20, ge=1)
+    head_budget: str = param("flat", choices=HEAD_BUDGETS)
+    head_floor: float = param(0.2, ge=0.0, le=1.0)
 
     def __post_init__(self) -> None:
         check_params(self)
+        if self.head_budget != "flat" and (self.layer_invariant or not self.evicts):
+            raise ConfigError(f"head_budget='adaptive' needs a method whose scores differ between heads; "
+                              f"{self.name!r} ranks every head alike")
         if self.budget is not None and self.keep_fraction is not None:
             raise ConfigError("give either a budget or a keep_fraction, not both")
         if self.evicts and self.budget is None and self.keep_fraction is None:
@@ -228,8 +245,14 @@ class Method:
 
     # ----------------------------------------------------------------- records
     def config(self) -> dict:
-        """The full configuration, as recorded in results files."""
-        return {"method": self.name, **asdict(self)}
+        """The full configuration, as recorded in results files.
+
+        A parameter of :data:`RECORDED_WHEN_SET` appears only when it differs from its default: it
+        was added after results files in this format existed, and the cell key hashes the
+        configuration, so recording its default would orphan every cell stored before it.
+        """
+        return {"method": self.name, **{k: v for k, v in asdict(self).items()
+                                        if k not in RECORDED_WHEN_SET or v != RECORDED_WHEN_SET[k]}}
 
     @classmethod
     def field_names(cls) -> set[str]:
