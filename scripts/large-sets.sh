@@ -7,9 +7,9 @@
 #   COMPRESS=prompt STEP=5 scripts/large-sets.sh     # prompt mode: OUT = docs/results/large-sets/ruler-4k-prompt
 #   KEEP=0.5 STEP=5 scripts/large-sets.sh            # 50% kept: OUT = docs/results/large-sets/ruler-4k-context-50
 #
-# The context-mode 25% directory starts from docs/results/context-mode/ruler-4k's context-mode 25%
-# records (2 per task, the kvpress rows included), which the same keys resume. rounds.txt logs each
-# round's prompts per task and seconds.
+# The context-mode directories start from docs/results/context-mode/ruler-4k's context-mode records
+# at their kept fraction, with FullKV's (2 per task, the kvpress rows included; copied in once, by
+# hand), which the same keys resume. rounds.txt logs each round's prompts per task and seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 compress=${COMPRESS:-context}
