@@ -126,12 +126,15 @@ class CompressedLayer(DynamicLayer):
         ``tail`` (B, T) marks which of the T columns appended after the prompt slots (a question,
         generated tokens) are real; padding inside a question block is False.
         """
-        slots = torch.arange(self.prompt_slots, device=self.pad_slots.device)
-        prompt = slots >= self.pad_slots[..., None]
+        prompt = self._real_slots()
         tail = tail.to(device=prompt.device, dtype=torch.bool)
         if self.head_wise:
             tail = tail[:, None, :].expand(-1, prompt.shape[1], -1)
         return torch.cat([prompt, tail], dim=-1)
+
+    def _real_slots(self) -> Tensor:
+        """(B, C), or (B, Hkv, C) for a head-wise layer: which prompt slots hold a kept token."""
+        return torch.arange(self.prompt_slots, device=self.pad_slots.device) >= self.pad_slots[..., None]
 
     def indices(self) -> Tensor:
         """(B, Hkv, C) kept prompt columns, also when nothing was evicted."""
@@ -143,8 +146,7 @@ class CompressedLayer(DynamicLayer):
     def kept_columns(self, row: int) -> Tensor:
         """(Hkv, C) the prompt columns row ``row`` attends to per KV head, -1 at its masked slots
         (padding, or a head's slots beyond its count)."""
-        pad = self.pad_slots[row].reshape(-1, 1)
-        return self.indices()[row].masked_fill(torch.arange(self.prompt_slots, device=pad.device) < pad, -1)
+        return self.indices()[row].masked_fill(~self._real_slots()[row], -1)
 
     def select(self, rows: Tensor) -> CompressedLayer:
         """The given batch rows (repeats allowed), each with its own slots and padding."""
