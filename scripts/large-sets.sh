@@ -16,12 +16,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 compress=${COMPRESS:-context}
 case $compress in context|prompt) ;; *) echo "COMPRESS must be context or prompt" >&2; exit 2 ;; esac
-set=${SET:-ruler}
-case $set in ruler|niah) ;; *) echo "SET must be ruler or niah" >&2; exit 2 ;; esac
+taskset=${SET:-ruler}
+case $taskset in ruler|niah) ;; *) echo "SET must be ruler or niah" >&2; exit 2 ;; esac
 keep=${KEEP:-0.25}
 case $keep in 0.25) suffix= ;; 0.5) suffix=-50 ;; *) echo "KEEP must be 0.25 or 0.5" >&2; exit 2 ;; esac
-[ "$set" = niah ] && suffix=
-out=${1:-docs/results/large-sets/$set-4k-$compress$suffix}
+[ "$taskset" = niah ] && suffix=
+out=${1:-docs/results/large-sets/$taskset-4k-$compress$suffix}
 up_to=${2:-50}
 step=${STEP:-2}
 dapq=${DAPQ:-.venv/bin/dapq}
@@ -34,7 +34,7 @@ ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(posit
 # scripts/gpu-large-sets.sh run it, at one budget (128 tokens, 3.2% of the context: three budgets
 # would triple a round). The four methods no RULER set has join here; h2o alone costs 12 s a
 # prompt to score (it needs the attention of every prompt token), the others under 0.3 s.
-if [ "$set" = niah ]; then
+if [ "$taskset" = niah ]; then
     args=(niah --lengths 4000 --seed 1 --haystack held_out --depths 0,0.25,0.5,0.75,1 --budgets 128)
     ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
 else
