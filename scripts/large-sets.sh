@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 22's larger sets on this CPU: RULER-4k and NIAH-4k, dapq's methods, grown in rounds so that
-# a stop at any time leaves every task (or depth) with the same count (each round resumes the last; the store keeps what
-# finished).
+# a stop at any time leaves every task (or depth) with the same count (each round resumes the last;
+# the store keeps what finished).
 #
 #   scripts/large-sets.sh [OUT] [UP_TO]              # context mode, 25% kept: OUT = docs/results/large-sets/ruler-4k-context
 #   COMPRESS=prompt STEP=5 scripts/large-sets.sh     # prompt mode: OUT = docs/results/large-sets/ruler-4k-prompt
