@@ -32,8 +32,10 @@ if [ "$TOY" != 1 ]; then
 fi
 dapq() { "$PY" -m dapq.cli "$@"; }
 deadline=$(( $(date +%s) + 60 * MINUTES ))
-# dapq(preset='context') runs under its parameters, as in the CPU sets of docs/results/large-sets.
+# The rows of scripts/large-sets.sh: dapq(preset='context') runs under its parameters, as in the
+# CPU sets of docs/results/large-sets, so that records carried from either resume under one key.
 ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
+ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
 peers="kvpress:SnapKVPress,kvpress:TOVAPress,kvpress:ExpectedAttentionPress,kvpress:KVzipPress"
 if [ "$TOY" = 1 ]; then
     length=600 step=1 up_to=3 ours="full,dapq,snapkv" peers=""

@@ -30,13 +30,14 @@ dapq=${DAPQ:-.venv/bin/dapq}
 # at 25% kept; they cost a dapq row's time, not a kvpress one's. The preset row is named by its
 # parameters, as scripts/dapq-variants.sh names it, so that its records resume under one key.
 ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
+# The rest of dapq's methods joined later (NIAH first, then RULER at 25% kept); h2o alone costs
+# 12 s a prompt to score (it needs the attention of every prompt token), the others under 0.3 s.
+ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
 # NIAH: the held-out haystack, five depths, as docs/results/context-mode/niah-4k and
 # scripts/gpu-large-sets.sh run it, at one budget (128 tokens, 3.2% of the context: three budgets
-# would triple a round). The four methods no RULER set has join here; h2o alone costs 12 s a
-# prompt to score (it needs the attention of every prompt token), the others under 0.3 s.
+# would triple a round).
 if [ "$taskset" = niah ]; then
     args=(niah --lengths 4000 --seed 1 --haystack held_out --depths 0,0.25,0.5,0.75,1 --budgets 128)
-    ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
 else
     args=(ruler --lengths 4000 --seed 1 --keep-fractions "$keep")
 fi
