@@ -30,8 +30,9 @@ dapq=${DAPQ:-.venv/bin/dapq}
 # at 25% kept; they cost a dapq row's time, not a kvpress one's. The preset row is named by its
 # parameters, as scripts/dapq-variants.sh names it, so that its records resume under one key.
 ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
-# The rest of dapq's methods joined later (NIAH first, then RULER at 25% kept); h2o alone costs
-# 12 s a prompt to score (it needs the attention of every prompt token), the others under 0.3 s.
+# The rest of dapq's methods joined later (NIAH first, then RULER at 25% kept). h2o alone costs
+# 12-22 s a 4k prompt here (its own prefill, which returns the attention of every prompt token);
+# the others score in about 0.5 s or less from the shared prefill.
 ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
 # NIAH: the held-out haystack, five depths, as docs/results/context-mode/niah-4k and
 # scripts/gpu-large-sets.sh run it, at one budget (128 tokens, 3.2% of the context: three budgets
