@@ -32,10 +32,10 @@ if [ "$TOY" != 1 ]; then
 fi
 dapq() { "$PY" -m dapq.cli "$@"; }
 deadline=$(( $(date +%s) + 60 * MINUTES ))
-# The rows of scripts/large-sets.sh: dapq(preset='context') runs under its parameters, as in the
-# CPU sets of docs/results/large-sets, so that records carried from either resume under one key.
-ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
-ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
+# The rows of the CPU sets in docs/results/large-sets, from the one list both scripts source, so
+# that records carried from either resume under one key.
+. scripts/large-sets-rows.sh
+ours=$large_set_rows
 peers="kvpress:SnapKVPress,kvpress:TOVAPress,kvpress:ExpectedAttentionPress,kvpress:KVzipPress"
 if [ "$TOY" = 1 ]; then
     length=600 step=1 up_to=3 ours="full,dapq,snapkv" peers=""

@@ -25,15 +25,9 @@ out=${1:-docs/results/large-sets/$taskset-4k-$compress$suffix}
 up_to=${2:-50}
 step=${STEP:-2}
 dapq=${DAPQ:-.venv/bin/dapq}
-# tova (native, the same keep sets as kvpress's TOVAPress, which leads context mode at 2 prompts a
-# task) and dapq(preset='context') joined after the first rows had reached 50 a task in context mode
-# at 25% kept; they cost a dapq row's time, not a kvpress one's. The preset row is named by its
-# parameters, as scripts/dapq-variants.sh names it, so that its records resume under one key.
-ours="full,dapq,dapq(preset='paper'),deferkv,snapkv,streamingllm,tova,dapq(position_offset=64,group_reduce='layer')"
-# The rest of dapq's methods joined later (NIAH first, then RULER at 25% kept). h2o alone costs
-# 12-22 s a 4k prompt here (its own prefill, which returns the attention of every prompt token);
-# the others score in about 0.5 s or less from the shared prefill.
-ours="$ours,pyramidkv,h2o,lacache,dapq_hybrid"
+# The rows, and why each joined when it did: scripts/large-sets-rows.sh (shared with the GPU script).
+. scripts/large-sets-rows.sh
+ours=$large_set_rows
 # NIAH: the held-out haystack, five depths, as docs/results/context-mode/niah-4k and
 # scripts/gpu-large-sets.sh run it, at one budget (128 tokens, 3.2% of the context: three budgets
 # would triple a round).
