@@ -7,6 +7,7 @@
 #   COMPRESS=prompt STEP=5 scripts/large-sets.sh     # prompt mode: OUT = docs/results/large-sets/ruler-4k-prompt
 #   KEEP=0.5 STEP=5 scripts/large-sets.sh            # 50% kept: OUT = docs/results/large-sets/ruler-4k-context-50
 #   SET=niah STEP=4 scripts/large-sets.sh            # NIAH-4k, 5 depths, budget 128: OUT = .../niah-4k-context
+#   ROWS=kvpress:ExpectedAttentionPress scripts/large-sets.sh   # only these rows (a kvpress press, a new row)
 #
 # The context-mode directories start from docs/results/context-mode/ruler-4k's context-mode records
 # at their kept fraction, with FullKV's (2 per task, the kvpress rows included; copied in once, by
@@ -27,7 +28,9 @@ step=${STEP:-2}
 dapq=${DAPQ:-.venv/bin/dapq}
 # The rows, and why each joined when it did: scripts/large-sets-rows.sh (shared with the GPU script).
 . scripts/large-sets-rows.sh
-ours=$large_set_rows
+# ROWS grows some rows alone (a kvpress press, whose own prefill a round of every row need not wait
+# for); rounds.txt then names them.
+ours=${ROWS:-$large_set_rows}
 # NIAH: the held-out haystack, five depths, as docs/results/context-mode/niah-4k and
 # scripts/gpu-large-sets.sh run it, at one budget (128 tokens, 3.2% of the context: three budgets
 # would triple a round).
@@ -40,10 +43,10 @@ fi
 # kernel 5) keeps the same tokens as this native row (tests/test_kvpress_reference.py), so in context
 # mode, the only mode kvpress's pipeline has, the native row stands in for it on every prompt at a
 # dapq row's cost; the press itself costs its own prefill (scripts/gpu-large-sets.sh runs it).
-[ "$compress" = context ] && ours="$ours,snapkv(window=64,kernel=5,pooling='avg',query_reduce='mean')"
+[ "$compress" = context ] && [ -z "${ROWS:-}" ] && ours="$ours,snapkv(window=64,kernel=5,pooling='avg',query_reduce='mean')"
 mkdir -p "$out"
 for n in $(seq "$step" "$step" "$up_to"); do
     start=$(date +%s)
     "$dapq" bench "${args[@]}" --samples "$n" --compress "$compress" --methods "$ours" --out "$out" > /dev/null
-    echo "$n per task: $(( $(date +%s) - start )) s ($(date -u +%H:%M))" >> "$out/rounds.txt"
+    echo "${ROWS:+$ROWS, }$n per task: $(( $(date +%s) - start )) s ($(date -u +%H:%M))" >> "$out/rounds.txt"
 done
