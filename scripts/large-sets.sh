@@ -41,8 +41,10 @@ else
 fi
 # kvpress's SnapKVPress at its own defaults (a 64-token window, mean over it, average pooling with
 # kernel 5) keeps the same tokens as this native row (tests/test_kvpress_reference.py), so in context
-# mode, the mode these sets' kvpress rows ran in, the native row stands in for it on every prompt at
-# a dapq row's cost; the press itself costs its own prefill (scripts/gpu-large-sets.sh runs it).
+# mode the native row stands in for it on every prompt at a dapq row's cost; the press itself costs
+# its own prefill (scripts/gpu-large-sets.sh runs it). In prompt mode it stands in for nothing: the
+# peer compresses the prompt less its last token (the question kvpress's pipeline needs), so the
+# press's window ends one token earlier than the native row's.
 [ "$compress" = context ] && [ -z "${ROWS:-}" ] && ours="$ours,snapkv(window=64,kernel=5,pooling='avg',query_reduce='mean')"
 mkdir -p "$out"
 for n in $(seq "$step" "$step" "$up_to"); do
